@@ -1,0 +1,38 @@
+# The two commands of a fresh machine: `make demo` and `make test`. Both run `make setup` first, which is
+# idempotent: a virtualenv in .venv with pinned packages, the Debian packages the tests need, and the
+# bundled models assembled, checked and converted once into $VOICEAGENT_CACHE (~/.cache/voiceagent).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: setup venv debian models demo test lint clean
+
+setup: venv debian models
+
+venv: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml requirements/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]'
+	touch $@
+
+debian:
+	scripts/install-debian-packages.sh requirements/debian.txt
+
+models: venv
+	$(PY) -m engine models prepare --install-missing
+
+demo: setup
+	$(PY) -m engine chat
+
+lint: venv
+	$(VENV)/bin/ruff check engine voiceagent tests
+	$(VENV)/bin/mypy engine voiceagent
+
+test: setup lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,343 @@
+"""The engine: token ids in, committed blocks out.
+
+The engine knows only token ids (and a tokenizer to turn committed ids into text deltas). It is
+synchronous and has no notion of asyncio, audio or sockets: `Conversation.generate` is a plain generator
+of `CommittedBlock`s. Each block is final: exactly what the target alone would have produced (the same
+tokens under greedy decoding, the same distribution when sampling), so a consumer may act on it at once.
+
+A conversation keeps its KV caches between calls. Its only state is the list of committed token ids and,
+per model, how many leading ids have their keys and values in the cache (`valid`). A new prompt that shares
+a prefix with what is committed re-uses it; anything after the shared prefix is simply overwritten.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.detokenize import TextStream, Tokenizer
+from engine.metrics import BlockTiming, EngineMetrics, GenerationStats
+from engine.model import KVCache, LogitsMode, Transformer
+from engine.sampling import SamplingParams, sample, warp_probs
+from engine.speculative import Verdict, verify_greedy, verify_sampled
+
+Clock = Callable[[], float]
+PREFILL_CHUNK = 512  # bounds the [T, S] attention mask and activations of a long prompt
+
+
+@dataclass(frozen=True)
+class CommittedBlock:
+    """Tokens the target has committed in one verification (accepted drafts + one recovered/bonus)."""
+
+    token_ids: tuple[int, ...]
+    text: str  # the text these tokens add (may hold back a partial character or stop-string prefix)
+    n_drafted: int
+    n_accepted: int
+    position: int  # index in the conversation of the block's first token
+    timing: BlockTiming
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last block
+    stats: GenerationStats | None = None  # on the last block
+
+
+@dataclass
+class ModelState:
+    """One model's view of a conversation: its cache and how many committed ids it holds."""
+
+    model: Transformer
+    cache: KVCache
+    valid: int = 0
+
+    def feed(self, tokens: Sequence[int], start: int, logits: LogitsMode) -> Tensor | None:
+        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V] or None)."""
+        device = self.model.device
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        positions = torch.arange(start, start + len(tokens), device=device)
+        return self.model(ids, positions, self.cache, start + len(tokens), logits=logits)
+
+
+class Conversation:
+    """A conversation's caches on one engine. Generations on it run one at a time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokens: list[int] = []  # committed ids: prompt(s) and generated tokens
+        self.target = ModelState(engine.target, engine.target.new_cache())
+        self.draft = ModelState(engine.draft, engine.draft.new_cache()) if engine.draft is not None else None
+        self._lock = threading.Lock()
+
+    @property
+    def states(self) -> list[ModelState]:
+        return [self.target] if self.draft is None else [self.target, self.draft]
+
+    def truncate(self, n_tokens: int) -> None:
+        """Cuts the conversation back to its first `n_tokens` committed ids (e.g. after a barge-in)."""
+        if not 0 <= n_tokens <= len(self.tokens):
+            raise ValueError(f"cannot truncate to {n_tokens} tokens: the conversation has {len(self.tokens)}")
+        del self.tokens[n_tokens:]
+        for state in self.states:
+            state.valid = min(state.valid, n_tokens)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        gamma: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[CommittedBlock]:
+        """Streams committed blocks continuing `prompt_ids` (the whole conversation so far, as ids).
+
+        `gamma` drafted tokens per block (default: the engine's); ignored without a draft model.
+        `cancel` is checked between blocks: once set, the stream ends with a 'cancelled' block.
+        """
+        params = params or SamplingParams()
+        gamma = self.engine.gamma if gamma is None else gamma
+        if not isinstance(gamma, int) or gamma < 0:
+            raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+        prompt = self.engine.check_prompt(prompt_ids)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this conversation is already generating; use one conversation per stream")
+        try:
+            yield from _Generation(self, prompt, params, gamma if self.draft else 0, cancel).run()
+        finally:
+            self._lock.release()
+
+    def reuse_prefix(self, prompt: list[int]) -> int:
+        """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""
+        shared = 0
+        for old, new in zip(self.tokens, prompt, strict=False):
+            if old != new:
+                break
+            shared += 1
+        self.tokens = list(prompt)
+        for state in self.states:
+            # The last prompt id is always fed again: its logits start the first block.
+            state.valid = min(state.valid, shared, len(prompt) - 1)
+        return self.target.valid
+
+
+class _Generation:
+    """One call of `Conversation.generate`: prefill, then draft/verify/commit blocks."""
+
+    def __init__(
+        self,
+        conv: Conversation,
+        prompt: list[int],
+        params: SamplingParams,
+        gamma: int,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.conv, self.params, self.gamma, self.cancel = conv, params, gamma, cancel
+        self.engine = conv.engine
+        self.clock = self.engine.clock
+        self.prompt = prompt
+        self.text = TextStream(self.engine.tokenizer, params.stop)
+        self.generator = torch.Generator(device=self.engine.target.device)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+        self.stats = GenerationStats(n_prompt_tokens=len(prompt), accepted_per_position=[0] * gamma)
+
+    def run(self) -> Iterator[CommittedBlock]:
+        started = self.clock()
+        self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
+        for state in self.conv.states:
+            self._prefill(state)
+        self.stats.prefill_s = self.clock() - started
+        while True:
+            if self.cancel is not None and self.cancel.is_set():
+                yield self._finish(self._empty_block(), "cancelled", started)
+                return
+            block, finish_reason = self._step()
+            if self.stats.n_blocks == 1:
+                self.stats.ttft_s = self.clock() - started
+            if finish_reason is not None:
+                yield self._finish(block, finish_reason, started)
+                return
+            yield block
+
+    def _prefill(self, state: ModelState) -> None:
+        tokens = self.conv.tokens
+        end = len(tokens) - 1
+        for start in range(state.valid, end, PREFILL_CHUNK):
+            state.feed(tokens[start : min(end, start + PREFILL_CHUNK)], start, "none")
+        state.valid = max(state.valid, end)
+
+    def _step(self) -> tuple[CommittedBlock, str | None]:
+        """Drafts, verifies and commits one block; returns it and the finish reason, if any."""
+        tokens = self.conv.tokens
+        n_before = len(tokens)
+        remaining = self.params.max_new_tokens - self.stats.n_generated
+        cache_room = self.engine.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
+        gamma = max(0, min(self.gamma, remaining - 1, cache_room))
+        t0 = self.clock()
+        draft_tokens, draft_probs = self._propose(gamma)
+        t1 = self.clock()
+        verdict = self._verify(draft_tokens, draft_probs)
+        t2 = self.clock()
+        committed = [*draft_tokens.tolist()[: verdict.n_accepted], verdict.next_token]
+        self._commit(committed, verdict, gamma)
+        committed, finish_reason = self._apply_limits(committed, n_before)
+        text = self.text.push(committed, final=finish_reason is not None)
+        if self.text.stopped:
+            finish_reason = "stop"
+        self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
+        timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
+        block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
+        return block, finish_reason
+
+    def _propose(self, gamma: int) -> tuple[Tensor, Tensor | None]:
+        """Runs the draft gamma times: drafted ids [G] and, when sampling, their probabilities q [G, V]."""
+        device = self.engine.target.device
+        if gamma == 0:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        draft = self.conv.draft
+        assert draft is not None
+        tokens = self.conv.tokens
+        # Catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block).
+        logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
+        drafted: list[Tensor] = []
+        probs: list[Tensor] = []
+        for i in range(gamma):
+            if i > 0:
+                logits = draft.feed([int(drafted[-1].item())], len(tokens) + i - 1, "last")
+            assert logits is not None
+            if self.params.greedy:
+                drafted.append(logits.argmax(dim=-1))
+            else:
+                q = warp_probs(logits, self.params)  # [1, V]
+                probs.append(q)
+                drafted.append(sample(q, self.generator))
+        return torch.cat(drafted), (torch.cat(probs) if probs else None)
+
+    def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
+        target = self.conv.target
+        tokens = self.conv.tokens
+        fed = [*tokens[target.valid :], *draft_tokens.tolist()]
+        logits = target.feed(fed, target.valid, "all")
+        assert logits is not None
+        logits = logits[-(draft_tokens.shape[0] + 1) :]  # [G+1, V]
+        if self.params.greedy:
+            return verify_greedy(draft_tokens, logits)
+        p = warp_probs(logits, self.params)
+        if draft_probs is None:
+            return Verdict(0, int(sample(p, self.generator).item()))
+        return verify_sampled(draft_tokens, draft_probs, p, self.generator)
+
+    def _commit(self, committed: list[int], verdict: Verdict, gamma: int) -> None:
+        n_before = len(self.conv.tokens)
+        self.conv.tokens.extend(committed)
+        # The target was fed the last committed id and every draft; the accepted ones are now committed.
+        self.conv.target.valid = n_before + verdict.n_accepted
+        if self.conv.draft is not None and gamma > 0:
+            # The draft was fed the committed ids and drafts 1..gamma-1 (never its last draft).
+            self.conv.draft.valid = n_before + min(verdict.n_accepted, gamma - 1)
+
+    def _apply_limits(self, committed: list[int], n_before: int) -> tuple[list[int], str | None]:
+        """Cuts the block at an EOS or the token budget; returns the kept ids and a finish reason."""
+        finish_reason = None
+        if not self.params.ignore_eos:
+            for i, token in enumerate(committed):
+                if token in self.engine.eos_ids:
+                    committed, finish_reason = committed[: i + 1], "stop"
+                    break
+        remaining = self.params.max_new_tokens - self.stats.n_generated
+        if finish_reason is None and len(committed) >= remaining:
+            committed, finish_reason = committed[:remaining], "length"
+        if finish_reason is None and n_before + len(committed) >= self.engine.max_seq_len:
+            finish_reason = "length"  # the KV cache is full
+        if n_before + len(committed) < len(self.conv.tokens):
+            self.conv.truncate(n_before + len(committed))
+        return committed, finish_reason
+
+    def _empty_block(self) -> CommittedBlock:
+        timing = BlockTiming(draft_s=0.0, verify_s=0.0, committed_at=self.clock())
+        return CommittedBlock((), "", 0, 0, len(self.conv.tokens), timing)
+
+    def _finish(self, block: CommittedBlock, reason: str, started: float) -> CommittedBlock:
+        self.stats.total_s = self.clock() - started
+        self.stats.finish_reason = reason
+        stats = self.stats.snapshot()
+        self.engine.metrics.add(stats)
+        return CommittedBlock(
+            block.token_ids,
+            block.text,
+            block.n_drafted,
+            block.n_accepted,
+            block.position,
+            block.timing,
+            finish_reason=reason,
+            stats=stats,
+        )
+
+
+class Engine:
+    """A target model, an optional draft sharing its vocabulary, a tokenizer, and a default conversation."""
+
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Transformer | None,
+        tokenizer: Tokenizer,
+        *,
+        eos_ids: Iterable[int] = (),
+        gamma: int = 4,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if draft is not None and draft.args.vocab_size != target.args.vocab_size:
+            raise ValueError(
+                f"the draft's vocabulary ({draft.args.vocab_size} ids) differs from the target's "
+                f"({target.args.vocab_size}); speculative decoding needs a draft with the same tokenizer"
+            )
+        if draft is not None and draft.max_seq_len != target.max_seq_len:
+            raise ValueError("target and draft must be built with the same max_seq_len")
+        if gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.gamma = gamma
+        self.clock = clock
+        self.max_seq_len = target.max_seq_len
+        self.metrics = EngineMetrics()
+        self._default: Conversation | None = None
+
+    def new_conversation(self) -> Conversation:
+        return Conversation(self)
+
+    @property
+    def conversation(self) -> Conversation:
+        """The default conversation, created on first use."""
+        if self._default is None:
+            self._default = self.new_conversation()
+        return self._default
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        gamma: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[CommittedBlock]:
+        """`Conversation.generate` on the default conversation."""
+        return self.conversation.generate(prompt_ids, params, gamma=gamma, cancel=cancel)
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.target.args.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt ids must be integers in [0, {vocab})")
+        if len(prompt) >= self.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens but the KV cache holds {self.max_seq_len}; "
+                "shorten the prompt or raise max_seq_len"
+            )
+        return prompt

@@ -1,0 +1,218 @@
+"""A compact Llama-family transformer with a static KV cache, batch 1.
+
+Shapes: T = tokens in this forward, S = key positions attended (kv_len), H = query heads, KVH = key/value
+heads, D = head_dim, V = vocabulary. The cache is indexed by absolute position, so rolling back after a
+rejected draft is simply attending fewer positions next time: the stale slots get overwritten.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import ModelArgs, RopeScaling
+
+LogitsMode = Literal["all", "last", "none"]
+
+
+class KVCache:
+    """Keys and values of one conversation for one model: [n_layers, 1, KVH, max_seq_len, D] each.
+
+    Allocated once. It holds no length: the caller knows how many leading positions are valid.
+    """
+
+    def __init__(self, args: ModelArgs, max_seq_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (args.n_layers, 1, args.n_kv_heads, max_seq_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_seq_len = max_seq_len
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32, scale in the model dtype (the order transformers uses, so bf16 rounds alike).
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """[D/2] fp32 inverse frequencies, Llama-3 scaled where the config asks for it."""
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.int64).float() / args.head_dim
+    inv_freq = 1.0 / (args.rope_theta**exponents)
+    if args.rope_scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, args.rope_scaling)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
+    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated smoothly.
+    old_context = scaling.original_max_position_embeddings
+    low_freq_wavelen = old_context / scaling.low_freq_factor
+    high_freq_wavelen = old_context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, max_seq_len: int) -> tuple[Tensor, Tensor]:
+    """cos, sin: [max_seq_len, D] fp32, in the rotate-half layout of Hugging Face checkpoints."""
+    positions = torch.arange(max_seq_len, dtype=torch.float32)
+    freqs = torch.outer(positions, rope_inv_freq(args))  # [max_seq_len, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [1, heads, T, D]; cos, sin: [T, D] in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, window: int | None) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.window = window
+        qkv_dim = (args.n_heads + 2 * args.n_kv_heads) * args.head_dim
+        self.wqkv = nn.Linear(args.dim, qkv_dim, bias=args.qkv_bias)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        input_pos: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        mask: Tensor,
+    ) -> Tensor:
+        # x: [T, dim]; k_cache, v_cache: [1, KVH, max_seq_len, D]; mask: [T, S] bool
+        n_tokens = x.shape[0]
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(n_tokens, self.n_heads, self.head_dim).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+        k = k.view(n_tokens, self.n_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)  # [1, KVH, T, D]
+        v = v.view(n_tokens, self.n_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache.index_copy_(2, input_pos, k)
+        v_cache.index_copy_(2, input_pos, v)
+        kv_len = mask.shape[-1]
+        out = F.scaled_dot_product_attention(
+            q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask, enable_gqa=True
+        )  # [1, H, T, D]
+        return self.wo(out.squeeze(0).transpose(0, 1).reshape(n_tokens, q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, window: int | None) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args, window)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        input_pos: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        mask: Tensor,
+    ) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, input_pos, k_cache, v_cache, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    rope_cos: Tensor  # [max_seq_len, D] fp32 buffers
+    rope_sin: Tensor
+
+    def __init__(self, args: ModelArgs, max_seq_len: int) -> None:
+        super().__init__()
+        self.args = args
+        self.max_seq_len = max_seq_len
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, window) for window in args.layer_windows)
+        self.blocks = cast(list[Block], list(self.layers))  # a typed view of the same modules
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args, max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.args, self.max_seq_len, self.dtype, self.device)
+
+    def forward(
+        self, tokens: Tensor, input_pos: Tensor, cache: KVCache, kv_len: int, logits: LogitsMode = "all"
+    ) -> Tensor | None:
+        """tokens, input_pos: [T] int64 -> logits [T, V] fp32 ('all'), [1, V] ('last') or None ('none').
+
+        Writes the tokens' keys and values into `cache` at `input_pos` and attends the first `kv_len`
+        positions, causally. `kv_len` must cover every position in `input_pos`.
+        """
+        assert tokens.ndim == 1 and tokens.shape == input_pos.shape, (tokens.shape, input_pos.shape)
+        assert kv_len <= cache.max_seq_len, (kv_len, cache.max_seq_len)
+        x = self.tok_embeddings(tokens)  # [T, dim]
+        cos = self.rope_cos[input_pos].to(x.dtype)  # [T, D]
+        sin = self.rope_sin[input_pos].to(x.dtype)
+        masks = attention_masks(input_pos, kv_len, set(self.args.layer_windows))
+        for i, layer in enumerate(self.blocks):
+            x = layer(x, cos, sin, input_pos, cache.k[i], cache.v[i], masks[layer.attention.window])
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
+        x = self.norm(x)
+        head = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return F.linear(x, head).float()
+
+
+def attention_masks(input_pos: Tensor, kv_len: int, windows: set[int | None]) -> dict[int | None, Tensor]:
+    """Causal masks [T, kv_len] (True = attend), one per distinct sliding window (None = full)."""
+    key_pos = torch.arange(kv_len, device=input_pos.device)[None, :]  # [1, S]
+    query_pos = input_pos[:, None]  # [T, 1]
+    causal = key_pos <= query_pos
+    return {w: causal if w is None else causal & (key_pos > query_pos - w) for w in windows}

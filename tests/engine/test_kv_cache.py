@@ -1,0 +1,89 @@
+"""The static KV cache: rollback after rejections, prefix re-use across calls, cutting back."""
+
+import torch
+
+from engine.generate import ModelState
+from engine.sampling import SamplingParams
+from tests.fakes import tiny_engine
+
+
+def fresh_next_logits(state: ModelState, tokens: list[int]) -> torch.Tensor:
+    model = state.model
+    logits = model(torch.tensor(tokens), torch.arange(len(tokens)), model.new_cache(), kv_len=len(tokens))
+    assert logits is not None
+    return logits[-1]
+
+
+def cached_next_logits(state: ModelState, tokens: list[int]) -> torch.Tensor:
+    """Feeds what the cache lacks; positions past `valid` hold stale rejected drafts and get overwritten."""
+    logits = state.feed(tokens[state.valid :], state.valid, "last")
+    assert logits is not None
+    state.valid = len(tokens)
+    return logits[0]
+
+
+def test_after_a_rejection_the_next_logits_equal_a_fresh_prefill() -> None:
+    engine = tiny_engine("qwen2-bias", seed=3, init_std=0.1, draft_noise=0.15, gamma=5)
+    conversation = engine.new_conversation()
+    checked = 0
+    for block in conversation.generate([9, 8, 7, 6], SamplingParams(max_new_tokens=60)):
+        if block.finish_reason is None and block.n_accepted < block.n_drafted:
+            tokens = list(conversation.tokens)
+            for state in conversation.states:
+                valid = state.valid
+                torch.testing.assert_close(
+                    cached_next_logits(state, tokens), fresh_next_logits(state, tokens), rtol=1e-5, atol=1e-5
+                )
+                state.valid = valid  # leave the conversation as the generator expects it
+            checked += 1
+    assert checked >= 3
+
+
+def test_a_follow_up_prompt_reuses_the_cached_conversation() -> None:
+    engine = tiny_engine("qwen2-bias", seed=3, init_std=0.1, draft_noise=0.15)
+    reference = tiny_engine("qwen2-bias", draft=None, seed=3, init_std=0.1)
+    conversation = engine.new_conversation()
+    first = list(conversation.generate([9, 8, 7, 6], SamplingParams(max_new_tokens=20)))
+    history = list(conversation.tokens)
+    follow_up = [*history, 50, 51, 52]
+    blocks = list(conversation.generate(follow_up, SamplingParams(max_new_tokens=20)))
+    stats = blocks[-1].stats
+    assert stats is not None and first[-1].stats is not None
+    assert stats.n_cached_prompt_tokens >= len(history) - 1  # only the new ids were prefilled
+    expected = list(reference.new_conversation().generate(follow_up, SamplingParams(max_new_tokens=20)))
+    assert [t for b in blocks for t in b.token_ids] == [t for b in expected for t in b.token_ids]
+
+
+def test_cutting_back_to_a_committed_position() -> None:
+    """After a barge-in the history keeps only what was heard; the next turn continues from there."""
+    engine = tiny_engine("qwen2-bias", seed=5, init_std=0.1, draft_noise=0.15)
+    reference = tiny_engine("qwen2-bias", draft=None, seed=5, init_std=0.1)
+    conversation = engine.new_conversation()
+    list(conversation.generate([1, 2, 3, 4], SamplingParams(max_new_tokens=30)))
+    conversation.truncate(12)  # the user heard 8 of the 30 generated tokens
+    assert len(conversation.tokens) == 12
+    assert all(state.valid <= 12 for state in conversation.states)
+    prompt = [*conversation.tokens, 70, 71]
+    got = [t for b in conversation.generate(prompt, SamplingParams(max_new_tokens=15)) for t in b.token_ids]
+    fresh = reference.new_conversation().generate(prompt, SamplingParams(max_new_tokens=15))
+    assert got == [t for b in fresh for t in b.token_ids]
+
+
+def test_a_different_prompt_overwrites_the_cache() -> None:
+    engine = tiny_engine("qwen2-bias", seed=5, init_std=0.1, draft_noise=0.15)
+    reference = tiny_engine("qwen2-bias", draft=None, seed=5, init_std=0.1)
+    conversation = engine.new_conversation()
+    list(conversation.generate(list(range(1, 30)), SamplingParams(max_new_tokens=30)))
+    prompt = [80, 81, 82]
+    got = [t for b in conversation.generate(prompt, SamplingParams(max_new_tokens=15)) for t in b.token_ids]
+    fresh = reference.new_conversation().generate(prompt, SamplingParams(max_new_tokens=15))
+    assert got == [t for b in fresh for t in b.token_ids]
+
+
+def test_conversations_on_one_engine_are_independent() -> None:
+    engine = tiny_engine("qwen2-bias", seed=5, init_std=0.1, draft_noise=0.15)
+    a, b = engine.new_conversation(), engine.new_conversation()
+    params = SamplingParams(max_new_tokens=10)
+    only_a = [t for blk in engine.new_conversation().generate([5, 6], params) for t in blk.token_ids]
+    list(b.generate([40, 41, 42, 43], params))
+    assert [t for blk in a.generate([5, 6], params) for t in blk.token_ids] == only_a
