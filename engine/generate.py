@@ -52,6 +52,7 @@ class ModelState:
     cache: KVCache
     valid: int = 0
 
+    @torch.inference_mode()
     def feed(self, tokens: Sequence[int], start: int, logits: LogitsMode) -> Tensor | None:
         """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V] or None)."""
         device = self.model.device
