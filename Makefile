@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup venv debian models demo test lint clean
+.PHONY: setup venv debian models demo test lint bench clean
 
 setup: venv debian models
 
@@ -36,3 +36,8 @@ test: setup lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Benchmarks are scripts, not tests: figures go to bench/results/ with the command and machine.
+bench: setup
+	$(PY) -m engine bench --dtype bf16 --gamma 4 --max-new-tokens 96
+	$(PY) -m engine bench --dtype fp32 --gamma 4 --max-new-tokens 96

@@ -1,4 +1,4 @@
-"""`python -m engine`: generate, chat in the terminal, prepare the bundled models."""
+"""`python -m engine`: generate, chat in the terminal, benchmark, prepare the bundled models."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from engine.bench import add_bench_parser
 from engine.bundled import BUNDLED
 from engine.generate import CommittedBlock, Engine
 from engine.load import DTYPES, chat_prompt, load_engine
@@ -46,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_engine_flags(chat)
     chat.add_argument("--system", default="You are a helpful assistant. Answer briefly.")
     chat.set_defaults(run=_chat)
+
+    add_bench_parser(commands)
 
     models = commands.add_parser("models", help="list or prepare the bundled models")
     models.add_argument("action", choices=["list", "prepare"])

@@ -100,11 +100,16 @@ class Conversation:
         gamma = self.engine.gamma if gamma is None else gamma
         if not isinstance(gamma, int) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
-        prompt = self.engine.check_prompt(prompt_ids)
+        prompt = self.engine.check_prompt(prompt_ids)  # errors surface here, before any iteration
+        return self._stream(prompt, params, gamma if self.draft else 0, cancel)
+
+    def _stream(
+        self, prompt: list[int], params: SamplingParams, gamma: int, cancel: threading.Event | None
+    ) -> Iterator[CommittedBlock]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is already generating; use one conversation per stream")
         try:
-            yield from _Generation(self, prompt, params, gamma if self.draft else 0, cancel).run()
+            yield from _Generation(self, prompt, params, gamma, cancel).run()
         finally:
             self._lock.release()
 

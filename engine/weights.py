@@ -26,28 +26,39 @@ from engine.model import Transformer, rope_tables
 GetTensor = Callable[[str], Tensor]
 
 
-def engine_state_dict(args: ModelArgs, get: GetTensor, dtype: torch.dtype) -> Iterator[tuple[str, Tensor]]:
-    """Yields the engine's parameters, built from Hugging Face-named tensors fetched one at a time."""
+def engine_state_dict(
+    args: ModelArgs, get: GetTensor, dtype: torch.dtype, device: str | torch.device
+) -> Iterator[tuple[str, Tensor]]:
+    """Yields the engine's parameters, built from Hugging Face-named tensors fetched one at a time.
 
-    def fetch(name: str) -> Tensor:
-        return get(name).to(dtype)
+    Every yielded tensor owns its memory: none stays a view of a memory-mapped checkpoint file, so the
+    file can be unmapped after loading (otherwise its pages would stay resident beside the fused copies).
+    """
 
-    yield "tok_embeddings.weight", fetch("model.embed_tokens.weight")
-    yield "norm.weight", fetch("model.norm.weight")
+    def own(name: str) -> Tensor:
+        return get(name).to(device=device, dtype=dtype, copy=True)
+
+    def fused(*names: str) -> Tensor:
+        return torch.cat([get(name).to(device=device, dtype=dtype) for name in names])  # cat copies
+
+    yield "tok_embeddings.weight", own("model.embed_tokens.weight")
+    yield "norm.weight", own("model.norm.weight")
     if not args.tie_embeddings:
-        yield "output.weight", fetch("lm_head.weight")
+        yield "output.weight", own("lm_head.weight")
     for i in range(args.n_layers):
         hf, ours = f"model.layers.{i}", f"layers.{i}"
         attn = f"{hf}.self_attn"
-        yield f"{ours}.attention_norm.weight", fetch(f"{hf}.input_layernorm.weight")
-        yield f"{ours}.ffn_norm.weight", fetch(f"{hf}.post_attention_layernorm.weight")
-        yield f"{ours}.attention.wqkv.weight", torch.cat([fetch(f"{attn}.{p}_proj.weight") for p in "qkv"])
+        yield f"{ours}.attention_norm.weight", own(f"{hf}.input_layernorm.weight")
+        yield f"{ours}.ffn_norm.weight", own(f"{hf}.post_attention_layernorm.weight")
+        yield f"{ours}.attention.wqkv.weight", fused(*(f"{attn}.{p}_proj.weight" for p in "qkv"))
         if args.qkv_bias:
-            yield f"{ours}.attention.wqkv.bias", torch.cat([fetch(f"{attn}.{p}_proj.bias") for p in "qkv"])
-        yield f"{ours}.attention.wo.weight", fetch(f"{attn}.o_proj.weight")
-        w13 = [fetch(f"{hf}.mlp.gate_proj.weight"), fetch(f"{hf}.mlp.up_proj.weight")]
-        yield f"{ours}.feed_forward.w13.weight", torch.cat(w13)
-        yield f"{ours}.feed_forward.w2.weight", fetch(f"{hf}.mlp.down_proj.weight")
+            yield f"{ours}.attention.wqkv.bias", fused(*(f"{attn}.{p}_proj.bias" for p in "qkv"))
+        yield f"{ours}.attention.wo.weight", own(f"{attn}.o_proj.weight")
+        yield (
+            f"{ours}.feed_forward.w13.weight",
+            fused(f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"),
+        )
+        yield f"{ours}.feed_forward.w2.weight", own(f"{hf}.mlp.down_proj.weight")
 
 
 def build_model(
@@ -56,7 +67,7 @@ def build_model(
     """The engine's model with weights from `get` (Hugging Face names), without a random-init pass."""
     with torch.device("meta"):
         model = Transformer(args, max_seq_len)
-    state = {name: tensor.to(device) for name, tensor in engine_state_dict(args, get, dtype)}
+    state = dict(engine_state_dict(args, get, dtype, device))
     model.load_state_dict(state, strict=True, assign=True)
     cos, sin = rope_tables(args, max_seq_len)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)

@@ -177,6 +177,7 @@ print(json.dumps({{"rss_kb": int(status["VmRSS"].split()[0]), "peak_kb": int(sta
 
 
 def test_bundled_pair_in_bf16_stays_under_6_gb() -> None:
+    """Resident memory after loading both models and generating (weights 4.8 GB: the heads are untied)."""
     run = subprocess.run(
         [sys.executable, "-c", MEMORY_PROBE],
         capture_output=True,
@@ -190,4 +191,4 @@ def test_bundled_pair_in_bf16_stays_under_6_gb() -> None:
         f"\nbf16 pair, 4096-token caches: RSS {memory['rss_kb'] / 2**20:.2f} GiB, "
         f"peak {memory['peak_kb'] / 2**20:.2f} GiB"
     )
-    assert memory["rss_kb"] < 6 * 2**20
+    assert memory["rss_kb"] * 1024 < 6e9  # 6 GB
