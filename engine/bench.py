@@ -10,8 +10,7 @@ import argparse
 import json
 import platform
 import statistics
-import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,39 +65,55 @@ def timed(engine: Engine, prompt: list[int], gamma: int, max_new_tokens: int) ->
     return Run(token_ids, stats)
 
 
+@dataclass(frozen=True)
+class PromptRow:
+    prompt: str
+    ar_tok_s: float
+    spec_tok_s: float
+    speedup: float
+    acceptance_rate: float
+    mean_accepted_len: float
+    greedy_match: bool
+    n_tokens: int
+
+    @classmethod
+    def compare(cls, text: str, plain: Run, spec: Run) -> PromptRow:
+        return cls(
+            prompt=text[:60],
+            ar_tok_s=plain.stats.tokens_per_s,
+            spec_tok_s=spec.stats.tokens_per_s,
+            speedup=spec.stats.tokens_per_s / plain.stats.tokens_per_s,
+            acceptance_rate=spec.stats.acceptance_rate,
+            mean_accepted_len=spec.stats.mean_accepted_len,
+            greedy_match=spec.token_ids == plain.token_ids,
+            n_tokens=len(plain.token_ids),
+        )
+
+
+HEADER = " #  plain tok/s  spec tok/s  speedup  accept  tok/verify  match"
+
+
 def run_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)[: args.limit]
     engine = load_engine(args.target, args.draft, dtype=args.dtype, gamma=args.gamma)
-    timed(
-        engine, chat_prompt(engine.tokenizer, [{"role": "user", "content": "Hi"}]), args.gamma, 4
-    )  # warm-up
+    warm_up = chat_prompt(engine.tokenizer, [{"role": "user", "content": "Hi"}])
+    timed(engine, warm_up, args.gamma, 4)
     engine.metrics = EngineMetrics()
-    rows = []
-    header = ("#", "plain tok/s", "spec tok/s", "speedup", "accept", "tok/verify")
-    print(
-        " ".join(f"{name:>{width}}" for name, width in zip(header, (2, 11, 10, 7, 6, 10), strict=True)),
-        "match",
-    )
+    rows: list[PromptRow] = []
+    print(HEADER)
     for index, text in enumerate(prompts):
         prompt = chat_prompt(engine.tokenizer, [{"role": "user", "content": text}])
         plain = timed(engine, prompt, 0, args.max_new_tokens)
         spec = timed(engine, prompt, args.gamma, args.max_new_tokens)
-        row = {
-            "prompt": text[:60],
-            "ar_tok_s": plain.stats.tokens_per_s,
-            "spec_tok_s": spec.stats.tokens_per_s,
-            "speedup": spec.stats.tokens_per_s / plain.stats.tokens_per_s,
-            "acceptance_rate": spec.stats.acceptance_rate,
-            "mean_accepted_len": spec.stats.mean_accepted_len,
-            "greedy_match": spec.token_ids == plain.token_ids,
-            "n_tokens": len(plain.token_ids),
-        }
+        row = PromptRow.compare(text, plain, spec)
         rows.append(row)
         print(
-            f"{index:>2} {row['ar_tok_s']:>11.2f} {row['spec_tok_s']:>10.2f} {row['speedup']:>7.2f} "
-            f"{row['acceptance_rate']:>6.2f} {row['mean_accepted_len']:>10.2f} {row['greedy_match']}",
+            f"{index:>2} {row.ar_tok_s:>12.2f} {row.spec_tok_s:>11.2f} {row.speedup:>8.2f} "
+            f"{row.acceptance_rate:>7.2f} {row.mean_accepted_len:>11.2f}  {row.greedy_match}",
             flush=True,
         )
+    ar_tok_s = statistics.mean(r.ar_tok_s for r in rows)
+    spec_tok_s = statistics.mean(r.spec_tok_s for r in rows)
     summary = {
         "target": args.target,
         "draft": args.draft,
@@ -107,13 +122,13 @@ def run_bench(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
-        "ar_tok_s": statistics.mean(r["ar_tok_s"] for r in rows),
-        "spec_tok_s": statistics.mean(r["spec_tok_s"] for r in rows),
+        "ar_tok_s": ar_tok_s,
+        "spec_tok_s": spec_tok_s,
+        "speedup": spec_tok_s / ar_tok_s,
         "acceptance_rate": engine.metrics.acceptance_rate,
         "mean_accepted_len": engine.metrics.mean_accepted_len,
-        "greedy_match": all(r["greedy_match"] for r in rows),
-        "rows": rows,
+        "greedy_match": all(r.greedy_match for r in rows),
+        "rows": [asdict(r) for r in rows],
     }
-    summary["speedup"] = summary["spec_tok_s"] / summary["ar_tok_s"]
-    print(json.dumps(summary), file=sys.stdout)
+    print(json.dumps(summary))
     return 0

@@ -192,3 +192,33 @@ def test_bundled_pair_in_bf16_stays_under_6_gb() -> None:
         f"peak {memory['peak_kb'] / 2**20:.2f} GiB"
     )
     assert memory["rss_kb"] * 1024 < 6e9  # 6 GB
+
+
+def test_cli_bench_compares_plain_and_speculative(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Count to five."}\n{"prompt": "Say hello in French."}\n')
+    run = run_cli(
+        "bench",
+        "--target",
+        TINY,
+        "--draft",
+        TINY,
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "12",
+        "--dtype",
+        "fp32",
+    )
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert {"ar_tok_s", "spec_tok_s", "speedup", "acceptance_rate", "mean_accepted_len"} <= set(summary)
+    assert summary["greedy_match"] is True and len(summary["rows"]) == 2
+    assert summary["acceptance_rate"] > 0.9
+
+
+def test_cli_bench_rejects_a_bad_prompt_file(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "no prompt field"}\n')
+    run = run_cli("bench", "--target", TINY, "--draft", TINY, "--prompts", str(prompts))
+    assert run.returncode == 2 and "needs a string field 'prompt'" in run.stderr
