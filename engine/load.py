@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.generate import Clock, Engine
-from engine.models import Log, _stderr, resolve
+from engine.models import Log, log_to_stderr, resolve
 from engine.weights import load_checkpoint
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -65,8 +66,8 @@ def load_engine(
     device: str = "cpu",
     max_seq_len: int = 4096,
     gamma: int = 4,
-    clock: Clock | None = None,
-    log: Log = _stderr,
+    clock: Clock = time.perf_counter,
+    log: Log = log_to_stderr,
 ) -> Engine:
     """Loads the target (and the draft, unless None) by bundled name, checkpoint directory or .gguf."""
     torch_dtype = parse_dtype(dtype)
@@ -83,10 +84,8 @@ def load_engine(
         if draft_dir is not None
         else None
     )
-    extra = {} if clock is None else {"clock": clock}
-    return Engine(
-        target_model, draft_model, tokenizer, eos_ids=eos_ids_of(target_dir, tokenizer), gamma=gamma, **extra
-    )
+    eos_ids = eos_ids_of(target_dir, tokenizer)
+    return Engine(target_model, draft_model, tokenizer, eos_ids=eos_ids, gamma=gamma, clock=clock)
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

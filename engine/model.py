@@ -8,7 +8,7 @@ rejected draft is simply attending fewer positions next time: the stale slots ge
 from __future__ import annotations
 
 import math
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,15 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class Positions(NamedTuple):
+    """Where this forward's tokens sit: shared by every layer of one forward."""
+
+    input_pos: Tensor  # [T] int64 absolute positions
+    cos: Tensor  # [T, D] rope tables at those positions, in the activations' dtype
+    sin: Tensor
+    masks: dict[int | None, Tensor]  # [T, S] bool per sliding window (None = full causal)
 
 
 class RMSNorm(nn.Module):
@@ -97,26 +106,18 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(args.dim, qkv_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        input_pos: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        mask: Tensor,
-    ) -> Tensor:
-        # x: [T, dim]; k_cache, v_cache: [1, KVH, max_seq_len, D]; mask: [T, S] bool
+    def forward(self, x: Tensor, at: Positions, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        # x: [T, dim]; k_cache, v_cache: [1, KVH, max_seq_len, D]
         n_tokens = x.shape[0]
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(n_tokens, self.n_heads, self.head_dim).transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         k = k.view(n_tokens, self.n_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)  # [1, KVH, T, D]
         v = v.view(n_tokens, self.n_kv_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache.index_copy_(2, input_pos, k)
-        v_cache.index_copy_(2, input_pos, v)
+        q, k = apply_rope(q, at.cos, at.sin), apply_rope(k, at.cos, at.sin)
+        k_cache.index_copy_(2, at.input_pos, k)
+        v_cache.index_copy_(2, at.input_pos, v)
+        mask = at.masks[self.window]
         kv_len = mask.shape[-1]
         out = F.scaled_dot_product_attention(
             q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], attn_mask=mask, enable_gqa=True
@@ -143,17 +144,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        input_pos: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        mask: Tensor,
-    ) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, input_pos, k_cache, v_cache, mask)
+    def forward(self, x: Tensor, at: Positions, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), at, k_cache, v_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -196,11 +188,14 @@ class Transformer(nn.Module):
         assert tokens.ndim == 1 and tokens.shape == input_pos.shape, (tokens.shape, input_pos.shape)
         assert kv_len <= cache.max_seq_len, (kv_len, cache.max_seq_len)
         x = self.tok_embeddings(tokens)  # [T, dim]
-        cos = self.rope_cos[input_pos].to(x.dtype)  # [T, D]
-        sin = self.rope_sin[input_pos].to(x.dtype)
-        masks = attention_masks(input_pos, kv_len, set(self.args.layer_windows))
+        at = Positions(
+            input_pos=input_pos,
+            cos=self.rope_cos[input_pos].to(x.dtype),  # [T, D]
+            sin=self.rope_sin[input_pos].to(x.dtype),
+            masks=attention_masks(input_pos, kv_len, set(self.args.layer_windows)),
+        )
         for i, layer in enumerate(self.blocks):
-            x = layer(x, cos, sin, input_pos, cache.k[i], cache.v[i], masks[layer.attention.window])
+            x = layer(x, at, cache.k[i], cache.v[i])
         if logits == "none":
             return None
         if logits == "last":

