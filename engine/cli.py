@@ -1,4 +1,4 @@
-"""`python -m engine`: generate, chat in the terminal, benchmark, prepare the bundled models."""
+"""`python -m engine`: generate, chat, serve over HTTP, benchmark, prepare the bundled models."""
 
 from __future__ import annotations
 
@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     chat.set_defaults(run=_chat)
 
     add_bench_parser(commands)
+
+    from engine.serve_cli import add_serve_parser  # imported here: it takes the defaults from this module
+
+    add_serve_parser(commands)
 
     models = commands.add_parser("models", help="list or prepare the bundled models")
     models.add_argument("action", choices=["list", "prepare"])
