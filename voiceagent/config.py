@@ -1,0 +1,69 @@
+"""The voice agent's settings, read from VOICEAGENT_* environment variables and checked when read.
+
+    VOICEAGENT_LLM           "local" (the engine in this process) or an OpenAI-compatible base URL, e.g.
+                             http://127.0.0.1:8000/v1 (`python -m engine serve`) or http://vllm:8000/v1
+    VOICEAGENT_LLM_MODEL     the model id to ask a remote server for (default: the first it lists)
+    VOICEAGENT_LLM_API_KEY   bearer key for a remote server started with --api-key
+    VOICEAGENT_LLM_TIMEOUT_S longest wait for a remote server's next chunk, in seconds
+    VOICEAGENT_TARGET, VOICEAGENT_DRAFT ("none" for plain decoding), VOICEAGENT_GAMMA (an integer or
+    "auto"), VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
+
+A bad value raises pydantic's ValidationError (a ValueError) naming the variable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOCAL = "local"
+
+
+class Settings(BaseSettings):
+    """Settings of one voice-agent process (defaults: everything in-process on the bundled Qwen pair)."""
+
+    model_config = SettingsConfigDict(env_prefix="VOICEAGENT_", extra="ignore", frozen=True)
+
+    llm: str = LOCAL
+    llm_model: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_timeout_s: float = Field(60.0, gt=0)
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str = "qwen2.5-coder-0.5b-instruct"
+    gamma: int | Literal["auto"] = 4
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    device: str = "cpu"
+    max_seq_len: int = Field(4096, ge=2)
+
+    @field_validator("llm")
+    @classmethod
+    def _local_or_url(cls, value: str) -> str:
+        value = value.strip()
+        if value == LOCAL:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(
+                "VOICEAGENT_LLM must be 'local' or an http(s) URL such as http://127.0.0.1:8000/v1, "
+                f"got {value!r}"
+            )
+        return value.rstrip("/")
+
+    @field_validator("gamma")
+    @classmethod
+    def _gamma(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"VOICEAGENT_GAMMA must be >= 0 or 'auto', got {value}")
+        return value
+
+    @property
+    def llm_is_local(self) -> bool:
+        return self.llm == LOCAL
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft to load, or None for plain decoding."""
+        return None if self.draft.lower() == "none" else self.draft

@@ -1,0 +1,293 @@
+"""The voice agent's language model: the engine in this process, or any OpenAI-compatible server.
+
+This is the one module of `voiceagent` that imports `engine`. Both backends stream a reply as `ReplyBlock`s:
+committed text that never needs taking back, so the agent may speak each block the moment it arrives.
+
+- `LocalLLM` runs the synchronous engine on a worker thread and hands blocks to the event loop. Leaving the
+  stream early (a barge-in cancels the task, or the consumer closes the generator) sets the engine's cancel
+  event, and generation stops at the next block. One LocalLLM is one conversation: its KV cache keeps the
+  prefix the next turn shares. LocalLLMs on one engine take turns block by block under the engine's lock.
+- `RemoteLLM` streams /v1/chat/completions over SSE (`python -m engine serve`, or vLLM for a 70B target).
+  Leaving early closes the connection; the engine server then cancels the generation at its next block.
+  Block statistics (drafted, accepted) come with this project's server; vLLM does not send them (None).
+
+`connect_llm(Settings())` picks the backend from VOICEAGENT_LLM ("local" or a base URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
+
+from voiceagent.config import Settings
+
+if TYPE_CHECKING:
+    from engine.generate import CommittedBlock, Conversation, Engine
+
+Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+
+
+@dataclass(frozen=True)
+class ReplyOptions:
+    """How to sample a reply (greedy by default: the same words every time for the same history)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ReplyBlock:
+    """One committed block of the reply. The counts are None where the server does not report them."""
+
+    text: str
+    n_tokens: int | None = None
+    n_drafted: int | None = None
+    n_accepted: int | None = None
+    finish_reason: str | None = None  # on the last block: "stop", "length" (or "cancelled" locally)
+
+
+class LLMError(RuntimeError):
+    """The model could not answer: bad input, an engine failure, or an unreachable or refusing server."""
+
+
+class LLM(Protocol):
+    """What the voice pipeline's LLM stage needs."""
+
+    def stream(self, messages: Sequence[Message], options: ReplyOptions = ...) -> AsyncIterator[ReplyBlock]:
+        """Streams the reply to `messages` (the whole history, ending with the user's turn)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stops any generation in flight and releases connections."""
+        ...
+
+
+DEFAULT_OPTIONS = ReplyOptions()
+_ENGINE_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_ENGINE_LOCKS_GUARD = threading.Lock()
+
+
+def engine_lock(engine: Engine) -> threading.Lock:
+    """The lock that serialises forward passes on `engine` across its conversations."""
+    with _ENGINE_LOCKS_GUARD:
+        return _ENGINE_LOCKS.setdefault(engine, threading.Lock())
+
+
+class LocalLLM:
+    """The engine in this process, one conversation of it (see the module docstring)."""
+
+    def __init__(self, engine: Engine, *, conversation: Conversation | None = None) -> None:
+        self.engine = engine
+        self._conversation = conversation or engine.new_conversation()
+        self._lock = engine_lock(engine)
+        self._running: asyncio.Future[None] | None = None
+        self._cancel = threading.Event()
+
+    async def stream(
+        self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
+    ) -> AsyncIterator[ReplyBlock]:
+        """Streams the reply's committed blocks; raises LLMError for bad input or an engine failure."""
+        from engine.load import chat_prompt
+        from engine.sampling import SamplingParams
+
+        if self._running is not None:
+            await self._running  # a cancelled turn ends at its next block; then the conversation is free
+        self._cancel = cancel = threading.Event()
+        try:
+            prompt = chat_prompt(self.engine.tokenizer, [dict(message) for message in messages])
+            params = SamplingParams(options.temperature, options.top_p, 0, options.max_tokens, options.stop,
+                                    options.seed)  # fmt: skip
+            blocks = self._conversation.generate(prompt, params, cancel=cancel)
+        except ValueError as error:
+            raise LLMError(str(error)) from error
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[ReplyBlock | Exception] = asyncio.Queue()
+
+        def deliver(item: ReplyBlock | Exception) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
+                loop.call_soon_threadsafe(arrived.put_nowait, item)
+
+        self._running = loop.run_in_executor(None, self._pump, blocks, deliver)
+        try:
+            while True:
+                item = await arrived.get()
+                if isinstance(item, Exception):
+                    raise LLMError(f"the engine failed: {type(item).__name__}: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            cancel.set()
+
+    def _pump(
+        self, blocks: Iterator[CommittedBlock], deliver: Callable[[ReplyBlock | Exception], None]
+    ) -> None:
+        """Worker thread: steps the engine one block at a time under the engine's lock."""
+        try:
+            while True:
+                with self._lock:
+                    block = next(blocks, None)
+                if block is None:
+                    return
+                deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
+                                   block.finish_reason))  # fmt: skip
+        except Exception as error:  # handed to the event loop, where the stream raises LLMError
+            deliver(error)
+
+    async def aclose(self) -> None:
+        self._cancel.set()
+        if self._running is not None:
+            await self._running
+
+
+class RemoteLLM:
+    """An OpenAI-compatible server at `base_url` (e.g. http://127.0.0.1:8000/v1), streamed over SSE."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._owns_client = client is None
+
+    async def model(self) -> str:
+        """The model to ask for: the configured one, or the first the server lists."""
+        if self._model is None:
+            url = f"{self.base_url}/models"
+            try:
+                response = await self._client.get(url, headers=self._headers)
+            except httpx.HTTPError as error:
+                raise LLMError(f"cannot reach {url}: {type(error).__name__}: {error}") from error
+            if response.status_code != 200:
+                raise LLMError(f"{url} answered {_error_message(response)}")
+            models = response.json().get("data") or []
+            if not models:
+                raise LLMError(f"{url} lists no model")
+            self._model = str(models[0]["id"])
+        return self._model
+
+    async def stream(
+        self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
+    ) -> AsyncIterator[ReplyBlock]:
+        """Streams the reply's blocks; raises LLMError if the server refuses, fails or cannot be reached."""
+        url = f"{self.base_url}/chat/completions"
+        body: dict[str, Any] = {
+            "model": await self.model(),
+            "messages": [dict(message) for message in messages],
+            "stream": True,
+            "temperature": options.temperature,
+            "top_p": options.top_p,
+            "max_tokens": options.max_tokens,
+        }
+        if options.stop:
+            body["stop"] = list(options.stop)
+        if options.seed is not None:
+            body["seed"] = options.seed
+        finished = False
+        try:
+            async with self._client.stream("POST", url, json=body, headers=self._headers) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise LLMError(f"{url} answered {_error_message(response)}")
+                async for data in _sse_data(response.aiter_lines()):
+                    if data == "[DONE]":
+                        break
+                    block = _reply_block(data)
+                    if block is not None:
+                        finished = finished or block.finish_reason is not None
+                        yield block
+        except httpx.HTTPError as error:
+            raise LLMError(f"{url}: {type(error).__name__}: {error}") from error
+        if not finished:
+            raise LLMError(f"{url}: the stream ended before the reply was finished")
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The `data` of each server-sent event (multi-line data joined with newlines; other fields ignored)."""
+    data: list[str] = []
+    async for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+def _reply_block(data: str) -> ReplyBlock | None:
+    """A chat.completion.chunk as a ReplyBlock; None for chunks without text or a finish (role, usage)."""
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError as error:
+        raise LLMError(f"the server sent a chunk that is not JSON: {data[:120]!r}") from error
+    if "error" in chunk:
+        raise LLMError(f"the server failed mid-stream: {chunk['error'].get('message', chunk['error'])}")
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    text = (choices[0].get("delta") or {}).get("content") or ""
+    finish_reason = choices[0].get("finish_reason")
+    block = chunk.get("block")  # this project's server: what the block drafted and accepted
+    if not text and finish_reason is None and block is None:
+        return None
+    if block is None:
+        return ReplyBlock(text, finish_reason=finish_reason)
+    return ReplyBlock(
+        text, block.get("n_tokens"), block.get("n_drafted"), block.get("n_accepted"), finish_reason
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:200]
+    return f"{response.status_code}: {message}"
+
+
+def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
+    """The backend VOICEAGENT_LLM names. Locally, pass `engine` to share one loaded engine across sessions."""
+    if not settings.llm_is_local:
+        api_key = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
+        return RemoteLLM(
+            settings.llm, model=settings.llm_model, api_key=api_key, timeout_s=settings.llm_timeout_s
+        )
+    if engine is None:
+        from engine.load import load_engine
+
+        gamma: Any = settings.gamma  # an integer, or "auto" (the engine's adaptive speculation length)
+        engine = load_engine(
+            settings.target,
+            settings.draft_model,
+            dtype=settings.dtype,
+            device=settings.device,
+            max_seq_len=settings.max_seq_len,
+            gamma=gamma,
+        )
+    return LocalLLM(engine)
