@@ -60,7 +60,11 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--dtype", choices=list(VLLM_DTYPES), default="auto", help="auto is bf16")
     serve.add_argument("--max-model-len", type=int, default=4096, help="context (KV cache) length in tokens")
     serve.add_argument("--served-model-name", help="the model id clients use (default: the --model value)")
-    serve.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="require this bearer key")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        help="require this bearer key (env VLLM_API_KEY)",
+    )
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--max-queue-len", type=int, default=16, help="waiting requests before 429")
     serve.add_argument("--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -122,7 +126,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     fixed_gamma = options.gamma if isinstance(options.gamma, int) and options.draft is not None else None
     config = ServerConfig(
-        model_name=options.model_name, api_key=args.api_key, max_queue_len=args.max_queue_len,
+        model_name=options.model_name, api_key=args.api_key or None, max_queue_len=args.max_queue_len,
         num_speculative_tokens=fixed_gamma, model_root=options.target,
     )  # fmt: skip
     draft = options.draft or "none"
