@@ -1,6 +1,6 @@
 """The engine server under bad input, without its key, over capacity, and when clients leave: raw HTTP.
 
-The server runs in this process (one SmolLM2 engine, a 256-token context, an API key, a queue of one).
+The server runs in this process (one SmolLM2 engine, a 1024-token context, an API key, a queue of one).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ HELLO = [{"role": "user", "content": "Hello!"}]
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    engine = load_engine(MODEL, MODEL, max_seq_len=256)
+    engine = load_engine(MODEL, MODEL, max_seq_len=1024)
     app = build_app(
         engine, ServerConfig(model_name="smol", api_key=KEY, max_queue_len=1, num_speculative_tokens=4)
     )
@@ -79,7 +79,7 @@ BAD_CHAT = [
     ({**CHAT, "max_completion_tokens": 100_000}, 400, "max_completion_tokens", "context_length_exceeded"),
     ({**CHAT, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     (
-        {**CHAT, "messages": [{"role": "user", "content": "word " * 300}]},
+        {**CHAT, "messages": [{"role": "user", "content": "word " * 1100}]},
         400,
         "messages",
         "context_length_exceeded",
@@ -109,7 +109,7 @@ BAD_COMPLETIONS = [
     ({"model": "smol", "prompt": [1, 2, 10**9]}, 400, "prompt", "invalid_value"),
     ({"model": "smol", "prompt": ["a", "b"]}, 400, "prompt", "unsupported_parameter"),
     ({"model": "smol", "prompt": "hi", "echo": True}, 400, "echo", "unsupported_parameter"),
-    ({"model": "smol", "prompt": list(range(1, 300))}, 400, "prompt", "context_length_exceeded"),
+    ({"model": "smol", "prompt": list(range(1, 1100))}, 400, "prompt", "context_length_exceeded"),
 ]
 
 
@@ -152,8 +152,7 @@ def wait_for(condition: Any, timeout_s: float = 10.0) -> float:
 
 def test_full_queue_is_429_and_a_disconnect_cancels_at_the_next_block(url: str) -> None:
     aborted = metric(url, "vllm:request_success_total", finished_reason="abort")
-    generated = metric(url, "vllm:generation_tokens_total")
-    long_answer = {**CHAT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    long_answer = {**CHAT, "max_tokens": 900, "ignore_eos": True, "stream": True}
     queued: list[httpx.Response] = []
     with httpx.Client(timeout=60.0) as client:
         with client.stream("POST", url + "/v1/chat/completions", json=long_answer, headers=AUTH) as stream:
@@ -166,20 +165,18 @@ def test_full_queue_is_429_and_a_disconnect_cancels_at_the_next_block(url: str) 
             error = assert_error(refused, 429, None, "queue_full")
             assert error["type"] == "rate_limit_error" and "one request at a time" in error["message"]
             assert refused.headers["Retry-After"] == "1"
+            generated = metric(url, "vllm:generation_tokens_total")
         # The client hung up mid-stream: the engine stops at its next block and takes the queued request.
-        took = wait_for(
-            lambda: metric(url, "vllm:request_success_total", finished_reason="abort") == aborted + 1
-        )
-        assert took < 3.0
+        wait_for(lambda: metric(url, "vllm:request_success_total", finished_reason="abort") == aborted + 1)
     waiter.join(30)
     assert queued[0].status_code == 200, queued[0].text
-    # Far fewer than the 200 tokens the first request asked for were generated.
-    assert metric(url, "vllm:generation_tokens_total") - generated < 60
+    # After the hang-up: at most the block in flight and the next (5 tokens each), then the queued 4 tokens.
+    assert metric(url, "vllm:generation_tokens_total") - generated <= 2 * 5 + 4
 
 
 def test_a_non_streaming_client_that_leaves_cancels_too(url: str) -> None:
     aborted = metric(url, "vllm:request_success_total", finished_reason="abort")
-    long_answer = {**CHAT, "max_tokens": 200, "ignore_eos": True}
+    long_answer = {**CHAT, "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         post(url, "/v1/chat/completions", long_answer, timeout=1.0)
     wait_for(lambda: metric(url, "vllm:request_success_total", finished_reason="abort") == aborted + 1)
