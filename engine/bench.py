@@ -1,7 +1,10 @@
-"""`python -m engine bench`: plain vs speculative decoding on the same target, interleaved in one process.
+"""`python -m engine bench`: plain vs speculative decoding, interleaved per prompt in one process.
 
-Greedy, so both must produce the same tokens (a mismatch is reported, with bf16's near-ties in mind).
-Prints a table, then one JSON object as the last line.
+For each prompt: the engine's plain and speculative decoding (and other weight formats with --also), and
+with `--compare hf` transformers' `generate` plain and assisted on the same checkpoints, dtype and threads.
+Greedy, so all must produce the same tokens; a mismatch is reported with where it starts (in bf16 a
+near-tie can flip between two computation orders). tok/s is end to end: new tokens / wall time of the
+call, prefill included, for every contender alike. Prints a table, then one JSON object as the last line.
 """
 
 from __future__ import annotations
@@ -10,22 +13,26 @@ import argparse
 import json
 import platform
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.bench_contenders import (
+    EngineContender,
+    HFContender,
+    Result,
+    load_hf_pair,
+    plain_decode_s_per_token,
+    raw_forward_s,
+)
 from engine.generate import Engine
 from engine.load import DTYPES, chat_prompt, load_engine
-from engine.metrics import EngineMetrics, GenerationStats
-from engine.sampling import SamplingParams
+from engine.models import resolve
+from engine.quant import QUANT_MODES, QuantMode
 
-
-@dataclass(frozen=True)
-class Run:
-    token_ids: list[int]
-    stats: GenerationStats
+LLAMA_CPP_PLAIN_TOK_S = 38.0  # llama.cpp, same pair as Q4_K_M, 2 threads, 128 tokens (issue 3's measurement)
 
 
 def add_bench_parser(commands: Any) -> None:
@@ -34,11 +41,31 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     bench.add_argument("--prompts", type=Path, default=Path("bench/prompts.jsonl"))
     bench.add_argument("--max-new-tokens", type=int, default=96)
-    bench.add_argument("--gamma", type=int, default=4)
+    bench.add_argument("--gamma", type=gamma_arg, default=4, help="drafted tokens per block, or 'auto'")
+    bench.add_argument("--quant", choices=QUANT_MODES, default="none", help="target weights (CPU)")
+    bench.add_argument("--draft-quant", choices=QUANT_MODES, default="none", help="draft weights (CPU)")
     bench.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    bench.add_argument("--compare", choices=["hf"], default=None, help="also time transformers' generate")
+    bench.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="QUANT:DRAFT_QUANT:GAMMA",
+        help="another engine configuration to time, e.g. int4:int4:auto (repeatable)",
+    )
     bench.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
     bench.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     bench.set_defaults(run=run_bench)
+
+
+def gamma_arg(value: str) -> int | str:
+    """argparse type for --gamma: an integer or 'auto'."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -54,81 +81,178 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def timed(engine: Engine, prompt: list[int], gamma: int, max_new_tokens: int) -> Run:
-    params = SamplingParams(max_new_tokens=max_new_tokens)
-    token_ids: list[int] = []
-    stats = None
-    for block in engine.new_conversation().generate(prompt, params, gamma=gamma):
-        token_ids.extend(block.token_ids)
-        stats = block.stats or stats
-    assert stats is not None
-    return Run(token_ids, stats)
-
-
 @dataclass(frozen=True)
-class PromptRow:
-    prompt: str
-    ar_tok_s: float
-    spec_tok_s: float
-    speedup: float
-    acceptance_rate: float
-    mean_accepted_len: float
-    greedy_match: bool
-    n_tokens: int
+class EngineConfig:
+    quant: QuantMode
+    draft_quant: QuantMode
+    gamma: int | str
 
     @classmethod
-    def compare(cls, text: str, plain: Run, spec: Run) -> PromptRow:
-        return cls(
-            prompt=text[:60],
-            ar_tok_s=plain.stats.tokens_per_s,
-            spec_tok_s=spec.stats.tokens_per_s,
-            speedup=spec.stats.tokens_per_s / plain.stats.tokens_per_s,
-            acceptance_rate=spec.stats.acceptance_rate,
-            mean_accepted_len=spec.stats.mean_accepted_len,
-            greedy_match=spec.token_ids == plain.token_ids,
-            n_tokens=len(plain.token_ids),
+    def parse(cls, text: str) -> EngineConfig:
+        parts = text.split(":")
+        if len(parts) != 3 or parts[0] not in QUANT_MODES or parts[1] not in QUANT_MODES:
+            raise ValueError(f"--also {text!r}: expected QUANT:DRAFT_QUANT:GAMMA, e.g. int4:int4:auto")
+        return cls(parts[0], parts[1], gamma_arg(parts[2]))  # type: ignore[arg-type]
+
+    @property
+    def label(self) -> str:
+        return f"target {self.quant}, draft {self.draft_quant}, gamma {self.gamma}"
+
+
+@dataclass
+class Pair:
+    """An engine configuration timed as plain and speculative decoding (same target weights)."""
+
+    config: EngineConfig
+    plain: EngineContender
+    spec: EngineContender
+
+
+def build_pairs(args: argparse.Namespace) -> list[Pair]:
+    configs = [EngineConfig(args.quant, args.draft_quant, args.gamma)]
+    configs += [EngineConfig.parse(text) for text in args.also]
+    pairs: list[Pair] = []
+    engines: dict[tuple[str, str], Engine] = {}
+    for config in configs:
+        key = (config.quant, config.draft_quant)
+        if key not in engines:
+            engines[key] = load_engine(
+                args.target, args.draft, dtype=args.dtype, quant=config.quant, draft_quant=config.draft_quant
+            )
+        engine = engines[key]
+        suffix = "" if not pairs else f"#{len(pairs) + 1}"
+        pairs.append(
+            Pair(
+                config,
+                EngineContender(f"plain{suffix}", engine, 0),
+                EngineContender(f"spec{suffix}", engine, config.gamma),
+            )
         )
+    return pairs
 
 
-HEADER = " #  plain tok/s  spec tok/s  speedup  accept  tok/verify  match"
+def hf_contenders(args: argparse.Namespace, engine: Engine) -> list[HFContender]:
+    target, draft = load_hf_pair(resolve(args.target), resolve(args.draft), DTYPES[args.dtype])
+    eos = sorted(engine.eos_ids)
+    return [HFContender("hf plain", target, eos), HFContender("hf assisted", target, eos, assistant=draft)]
 
 
 def run_bench(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompts)[: args.limit]
-    engine = load_engine(args.target, args.draft, dtype=args.dtype, gamma=args.gamma)
-    warm_up = chat_prompt(engine.tokenizer, [{"role": "user", "content": "Hi"}])
-    timed(engine, warm_up, args.gamma, 4)
-    engine.metrics = EngineMetrics()
-    rows: list[PromptRow] = []
-    print(HEADER)
+    pairs = build_pairs(args)
+    main = pairs[0]
+    hf = hf_contenders(args, main.plain.engine) if args.compare == "hf" else []
+    contenders: list[EngineContender | HFContender] = [c for p in pairs for c in (p.plain, p.spec)] + hf
+    tokenizer = main.plain.engine.tokenizer
+    warm_up = chat_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
+    for contender in contenders:
+        contender.run(warm_up, 4)
+    for number, pair in enumerate(pairs, start=1):
+        print(f"config #{number}: {pair.config.label}{' (main)' if number == 1 else ''}")
+    print(" #  " + "  ".join(f"{c.name:>12}" for c in contenders) + "  accept  tok/verify  match")
+    rows = []
     for index, text in enumerate(prompts):
-        prompt = chat_prompt(engine.tokenizer, [{"role": "user", "content": text}])
-        plain = timed(engine, prompt, 0, args.max_new_tokens)
-        spec = timed(engine, prompt, args.gamma, args.max_new_tokens)
-        row = PromptRow.compare(text, plain, spec)
+        prompt = chat_prompt(tokenizer, [{"role": "user", "content": text}])
+        results = {c.name: c.run(prompt, args.max_new_tokens) for c in contenders}
+        row = prompt_row(text, results, pairs, hf)
         rows.append(row)
+        rates = "  ".join(f"{results[c.name].tok_s:>12.2f}" for c in contenders)
         print(
-            f"{index:>2} {row.ar_tok_s:>12.2f} {row.spec_tok_s:>11.2f} {row.speedup:>8.2f} "
-            f"{row.acceptance_rate:>7.2f} {row.mean_accepted_len:>11.2f}  {row.greedy_match}",
+            f"{index:>2}  {rates}  {row['acceptance_rate']:>6.2f}  {row['mean_accepted_len']:>10.2f}  "
+            f"{'yes' if row['greedy_match'] else 'NO: ' + ', '.join(row['mismatch'])}",
             flush=True,
         )
-    ar_tok_s = statistics.mean(r.ar_tok_s for r in rows)
-    spec_tok_s = statistics.mean(r.spec_tok_s for r in rows)
-    summary = {
+    summary = summarise(args, rows, pairs, contenders, prompts)
+    print(f"plain-decoding overhead over raw target forwards: {summary['plain_overhead_pct']:.1f}%")
+    print(
+        f"best: {summary['best_tok_s']:.2f} tok/s ({summary['best_config']}); llama.cpp plain "
+        f"{LLAMA_CPP_PLAIN_TOK_S:.0f} tok/s on the same pair (Q4_K_M)"
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def prompt_row(
+    text: str, results: dict[str, Result], pairs: list[Pair], hf: list[HFContender]
+) -> dict[str, Any]:
+    main = pairs[0]
+    reference = results[main.plain.name].token_ids
+    # Each speculative run must equal its own plain run; transformers must equal the engine's plain run.
+    checks = [(p.spec.name, results[p.plain.name].token_ids) for p in pairs]
+    checks += [(c.name, reference) for c in hf]
+    mismatch = {name: first_divergence(results[name].token_ids, ref) for name, ref in checks}
+    mismatch = {name: at for name, at in mismatch.items() if at is not None}
+    spec = results[main.spec.name]
+    row: dict[str, Any] = {
+        "prompt": text[:60],
+        "ar_tok_s": results[main.plain.name].tok_s,
+        "spec_tok_s": spec.tok_s,
+        "hf_ar_tok_s": results["hf plain"].tok_s if hf else None,
+        "hf_assisted_tok_s": results["hf assisted"].tok_s if hf else None,
+        "acceptance_rate": spec.acceptance_rate or 0.0,
+        "mean_accepted_len": spec.mean_accepted_len or 1.0,
+        "greedy_match": not mismatch,
+        "mismatch": [f"{name} at token {at}" for name, at in mismatch.items()],
+        "n_tokens": len(reference),
+        "tok_s": {name: result.tok_s for name, result in results.items()},
+    }
+    return row
+
+
+def summarise(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    pairs: list[Pair],
+    contenders: list[EngineContender | HFContender],
+    prompts: list[str],
+) -> dict[str, Any]:
+    def mean_of(key: str) -> float | None:
+        values = [r[key] for r in rows if r[key] is not None]
+        return statistics.mean(values) if values else None
+
+    mean_tok_s = {c.name: statistics.mean(r["tok_s"][c.name] for r in rows) for c in contenders}
+    engine_names = {c.name: p.config for p in pairs for c in (p.plain, p.spec)}
+    best_name = max(engine_names, key=lambda name: mean_tok_s[name])
+    best = engine_names[best_name]
+    main = pairs[0].plain.engine
+    prompt = chat_prompt(main.tokenizer, [{"role": "user", "content": prompts[0]}])
+    raw_s = raw_forward_s(main, len(prompt) + 32)
+    plain_s = plain_decode_s_per_token(main, prompt, 32)
+    ar, spec, hf_assisted = mean_of("ar_tok_s"), mean_of("spec_tok_s"), mean_of("hf_assisted_tok_s")
+    assert ar is not None and spec is not None
+    return {
         "target": args.target,
         "draft": args.draft,
         "dtype": args.dtype,
         "gamma": args.gamma,
+        "quant": args.quant,
+        "draft_quant": args.draft_quant,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
-        "ar_tok_s": ar_tok_s,
-        "spec_tok_s": spec_tok_s,
-        "speedup": spec_tok_s / ar_tok_s,
-        "acceptance_rate": engine.metrics.acceptance_rate,
-        "mean_accepted_len": engine.metrics.mean_accepted_len,
-        "greedy_match": all(r.greedy_match for r in rows),
-        "rows": [asdict(r) for r in rows],
+        "n_prompts": len(rows),
+        "ar_tok_s": ar,
+        "spec_tok_s": spec,
+        "hf_ar_tok_s": mean_of("hf_ar_tok_s"),
+        "hf_assisted_tok_s": hf_assisted,
+        "speedup": spec / ar,
+        "speedup_vs_hf_assisted": spec / hf_assisted if hf_assisted else None,
+        "acceptance_rate": mean_of("acceptance_rate"),
+        "mean_accepted_len": mean_of("mean_accepted_len"),
+        "greedy_match": all(r["greedy_match"] for r in rows),
+        "best_tok_s": mean_tok_s[best_name],
+        "best_config": f"{'plain' if best_name.startswith('plain') else 'speculative'}, {best.label}",
+        "llama_cpp_plain_tok_s": LLAMA_CPP_PLAIN_TOK_S,
+        "raw_forward_ms": 1000 * raw_s,
+        "plain_ms_per_token": 1000 * plain_s,
+        "plain_overhead_pct": 100 * (plain_s / raw_s - 1),
+        "tok_s": mean_tok_s,
+        "rows": rows,
     }
-    print(json.dumps(summary))
-    return 0

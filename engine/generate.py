@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.adaptive import DraftLength, SpeculationStats
 from engine.detokenize import TextStream, Tokenizer
 from engine.metrics import BlockTiming, EngineMetrics, GenerationStats
 from engine.model import KVCache, LogitsMode, Transformer
@@ -88,28 +89,34 @@ class Conversation:
         prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
         *,
-        gamma: int | None = None,
+        gamma: int | str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[CommittedBlock]:
         """Streams committed blocks continuing `prompt_ids` (the whole conversation so far, as ids).
 
-        `gamma` drafted tokens per block (default: the engine's); ignored without a draft model.
+        `gamma`: drafted tokens per block, or "auto" for an adaptive length (default: the engine's);
+        ignored without a draft model.
         `cancel` is checked between blocks: once set, the stream ends with a 'cancelled' block.
         """
         params = params or SamplingParams()
-        gamma = self.engine.gamma if gamma is None else gamma
-        if not isinstance(gamma, int) or gamma < 0:
-            raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+        requested = self.engine.gamma if gamma is None else gamma
+        draft_length = DraftLength.parse(requested, self.engine.speculation)  # validates it
+        if self.draft is None:
+            draft_length = DraftLength(0, self.engine.speculation)
         prompt = self.engine.check_prompt(prompt_ids)  # errors surface here, before any iteration
-        return self._stream(prompt, params, gamma if self.draft else 0, cancel)
+        return self._stream(prompt, params, draft_length, cancel)
 
     def _stream(
-        self, prompt: list[int], params: SamplingParams, gamma: int, cancel: threading.Event | None
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        draft_length: DraftLength,
+        cancel: threading.Event | None,
     ) -> Iterator[CommittedBlock]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is already generating; use one conversation per stream")
         try:
-            yield from _Generation(self, prompt, params, gamma, cancel).run()
+            yield from _Generation(self, prompt, params, draft_length, cancel).run()
         finally:
             self._lock.release()
 
@@ -135,10 +142,10 @@ class _Generation:
         conv: Conversation,
         prompt: list[int],
         params: SamplingParams,
-        gamma: int,
+        draft_length: DraftLength,
         cancel: threading.Event | None,
     ) -> None:
-        self.conv, self.params, self.gamma, self.cancel = conv, params, gamma, cancel
+        self.conv, self.params, self.draft_length, self.cancel = conv, params, draft_length, cancel
         self.engine = conv.engine
         self.clock = self.engine.clock
         self.prompt = prompt
@@ -148,7 +155,9 @@ class _Generation:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
-        self.stats = GenerationStats(n_prompt_tokens=len(prompt), accepted_per_position=[0] * gamma)
+        self.stats = GenerationStats(
+            n_prompt_tokens=len(prompt), accepted_per_position=[0] * draft_length.max_gamma
+        )
 
     def run(self) -> Iterator[CommittedBlock]:
         started = self.clock()
@@ -181,9 +190,10 @@ class _Generation:
         n_before = len(tokens)
         remaining = self.params.max_new_tokens - self.stats.n_generated
         cache_room = self.engine.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
-        gamma = max(0, min(self.gamma, remaining - 1, cache_room))
+        limit = max(0, min(remaining - 1, cache_room))
         t0 = self.clock()
-        draft_tokens, draft_probs = self._propose(gamma)
+        draft_tokens, draft_probs = self._propose(limit)
+        gamma = draft_tokens.shape[0]
         t1 = self.clock()
         verdict = self._verify(draft_tokens, draft_probs)
         t2 = self.clock()
@@ -194,32 +204,41 @@ class _Generation:
         if self.text.stopped:
             finish_reason = "stop"
         self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
+        self.engine.speculation.record(gamma, verdict.n_accepted, t1 - t0, t2 - t1)
         timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
         block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
         return block, finish_reason
 
-    def _propose(self, gamma: int) -> tuple[Tensor, Tensor | None]:
-        """Runs the draft gamma times: drafted ids [G] and, when sampling, their probabilities q [G, V]."""
+    def _propose(self, limit: int) -> tuple[Tensor, Tensor | None]:
+        """Runs the draft while the draft length says so (at most `limit` tokens).
+
+        Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
+        """
         device = self.engine.target.device
-        if gamma == 0:
-            return torch.empty(0, dtype=torch.long, device=device), None
-        draft = self.conv.draft
-        assert draft is not None
-        tokens = self.conv.tokens
-        # Catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block).
-        logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
         drafted: list[Tensor] = []
         probs: list[Tensor] = []
-        for i in range(gamma):
-            if i > 0:
-                logits = draft.feed([int(drafted[-1].item())], len(tokens) + i - 1, "last")
-            assert logits is not None
+        draft = self.conv.draft
+        confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
+        while draft is not None and self.draft_length.should_draft(len(drafted), confidence, limit):
+            tokens = self.conv.tokens
+            if drafted:
+                logits = draft.feed([int(drafted[-1].item())], len(tokens) + len(drafted) - 1, "last")
+            else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
+                logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
+            assert logits is not None  # [1, V]
             if self.params.greedy:
-                drafted.append(logits.argmax(dim=-1))
+                token = logits.argmax(dim=-1)
+                token_prob = logits.softmax(dim=-1)[0, token] if self.draft_length.adaptive else None
             else:
                 q = warp_probs(logits, self.params)  # [1, V]
+                token = sample(q, self.generator)
                 probs.append(q)
-                drafted.append(sample(q, self.generator))
+                token_prob = q[0, token]
+            drafted.append(token)
+            if token_prob is not None:
+                confidence *= float(token_prob)
+        if not drafted:
+            return torch.empty(0, dtype=torch.long, device=device), None
         return torch.cat(drafted), (torch.cat(probs) if probs else None)
 
     def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
@@ -293,7 +312,7 @@ class Engine:
         tokenizer: Tokenizer,
         *,
         eos_ids: Iterable[int] = (),
-        gamma: int = 4,
+        gamma: int | str = 4,
         clock: Clock = time.perf_counter,
     ) -> None:
         if draft is not None and draft.args.vocab_size != target.args.vocab_size:
@@ -303,8 +322,8 @@ class Engine:
             )
         if draft is not None and draft.max_seq_len != target.max_seq_len:
             raise ValueError("target and draft must be built with the same max_seq_len")
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        self.speculation = SpeculationStats()  # measured costs and acceptance, for gamma="auto"
+        DraftLength.parse(gamma, self.speculation)  # validates
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.gamma = gamma
@@ -328,7 +347,7 @@ class Engine:
         prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
         *,
-        gamma: int | None = None,
+        gamma: int | str | None = None,
         cancel: threading.Event | None = None,
     ) -> Iterator[CommittedBlock]:
         """`Conversation.generate` on the default conversation."""

@@ -12,6 +12,7 @@ import torch
 
 from engine.generate import Clock, Engine
 from engine.models import Log, log_to_stderr, resolve
+from engine.quant import QUANT_MODES, QuantMode, quantize
 from engine.weights import load_checkpoint
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -65,12 +66,22 @@ def load_engine(
     dtype: str = "bf16",
     device: str = "cpu",
     max_seq_len: int = 4096,
-    gamma: int = 4,
+    gamma: int | str = 4,
+    quant: QuantMode = "none",
+    draft_quant: QuantMode = "none",
     clock: Clock = time.perf_counter,
     log: Log = log_to_stderr,
 ) -> Engine:
-    """Loads the target (and the draft, unless None) by bundled name, checkpoint directory or .gguf."""
+    """Loads the target (and the draft, unless None) by bundled name, checkpoint directory or .gguf.
+
+    `gamma` is the number of drafted tokens per block or "auto"; `quant` / `draft_quant` store the
+    target's / draft's linear layers as int8 or int4 (CPU). A quantised draft never changes the output;
+    a quantised target is a different target.
+    """
     torch_dtype = parse_dtype(dtype)
+    for mode in (quant, draft_quant):
+        if mode not in QUANT_MODES:
+            raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
     if max_seq_len < 2:
         raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
     target_dir = resolve(target, log=log)
@@ -78,12 +89,13 @@ def load_engine(
     tokenizer = load_tokenizer(target_dir)
     if draft_dir is not None:
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
-    target_model = load_checkpoint(target_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device)
-    draft_model = (
-        load_checkpoint(draft_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device)
-        if draft_dir is not None
-        else None
+    target_model = quantize(
+        load_checkpoint(target_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device), quant
     )
+    draft_model = None
+    if draft_dir is not None:
+        draft_model = load_checkpoint(draft_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device)
+        draft_model = quantize(draft_model, draft_quant)
     eos_ids = eos_ids_of(target_dir, tokenizer)
     return Engine(target_model, draft_model, tokenizer, eos_ids=eos_ids, gamma=gamma, clock=clock)
 

@@ -161,7 +161,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(args, window) for window in args.layer_windows)
         self.blocks = cast(list[Block], list(self.layers))  # a typed view of the same modules
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output: nn.Module | None = (
+            None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        )
+        self.quantization = "none"  # or the weight-only format engine.quant applied
         cos, sin = rope_tables(args, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -201,8 +204,8 @@ class Transformer(nn.Module):
         if logits == "last":
             x = x[-1:]
         x = self.norm(x)
-        head = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return F.linear(x, head).float()
+        head_out = F.linear(x, self.tok_embeddings.weight) if self.output is None else self.output(x)
+        return head_out.float()
 
 
 def attention_masks(input_pos: Tensor, kv_len: int, windows: set[int | None]) -> dict[int | None, Tensor]:

@@ -108,7 +108,7 @@ def tiny_engine(
     draft: str | None = "perturbed",
     *,
     seed: int = 0,
-    gamma: int = 4,
+    gamma: int | str = 4,
     max_seq_len: int = 256,
     init_std: float = 0.02,
     draft_noise: float = 0.5,

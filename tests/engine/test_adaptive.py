@@ -1,0 +1,56 @@
+"""Adaptive speculation length: decisions from measured costs and acceptance, and still exact."""
+
+from engine.adaptive import AUTO_MAX_GAMMA, PROBE_EVERY, DraftLength, SpeculationStats
+from engine.sampling import SamplingParams
+from tests.fakes import tiny_engine
+
+
+def stats_with(draft_step_s: float, target_step_s: float, acceptance: float) -> SpeculationStats:
+    stats = SpeculationStats()
+    for _ in range(50):  # settle the running means
+        stats.record(0, 0, 0.0, target_step_s)
+        stats.record(4, 4, 4 * draft_step_s, target_step_s)
+    stats.acceptance.value = acceptance
+    return stats
+
+
+def test_fixed_gamma_always_drafts_gamma() -> None:
+    length = DraftLength.parse(3, SpeculationStats())
+    assert [length.should_draft(n, 0.01, limit=10) for n in range(5)] == [True, True, True, False, False]
+    assert not length.should_draft(1, 1.0, limit=1)  # never past the token budget / cache
+
+
+def test_auto_drafts_while_the_expected_gain_beats_the_cost() -> None:
+    # draft step 10 ms, target step 100 ms, acceptance 0.8: worth it while confidence * 0.8 * 100 > 10
+    length = DraftLength.parse("auto", stats_with(0.010, 0.100, 0.8))
+    assert length.max_gamma == AUTO_MAX_GAMMA
+    assert length.should_draft(0, 1.0, limit=20)
+    assert length.should_draft(3, 0.5, limit=20)
+    assert not length.should_draft(3, 0.1, limit=20)  # 0.1 * 0.8 * 100 = 8 < 10: the draft is unsure
+    assert not length.should_draft(AUTO_MAX_GAMMA, 1.0, limit=20)
+
+
+def test_auto_falls_back_to_plain_decoding_but_keeps_probing() -> None:
+    # A draft as slow as the target, rarely right: drafting never pays.
+    length = DraftLength.parse("auto", stats_with(0.100, 0.100, 0.2))
+    decisions = [length.should_draft(0, 1.0, limit=20) for _ in range(3 * PROBE_EVERY)]
+    assert decisions.count(True) == 3  # one probe every PROBE_EVERY blocks
+    assert decisions[PROBE_EVERY - 1] and not any(decisions[: PROBE_EVERY - 1])
+
+
+def test_auto_is_exact_and_adapts_per_block() -> None:
+    plain = tiny_engine("qwen2-bias", draft=None, seed=6, init_std=0.1)
+    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    params = SamplingParams(max_new_tokens=60)
+    for prompt in ([1, 2, 3], [7, 70, 17, 71]):
+        expected = [t for b in plain.new_conversation().generate(prompt, params) for t in b.token_ids]
+        blocks = list(auto.new_conversation().generate(prompt, params))
+        assert [t for b in blocks for t in b.token_ids] == expected
+        assert len({b.n_drafted for b in blocks}) > 1  # the length changed with the draft's confidence
+
+
+def test_sampled_auto_runs() -> None:
+    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=30, seed=1)
+    blocks = list(auto.new_conversation().generate([1, 2, 3], params))
+    assert sum(len(b.token_ids) for b in blocks) == 30

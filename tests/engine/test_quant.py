@@ -1,0 +1,81 @@
+"""Weight-only int8/int4 layers: close to their dequantised weights, and exact as a draft."""
+
+import pytest
+import torch
+
+from engine.quant import Int4Linear, Int8Linear, quantize
+from engine.sampling import SamplingParams
+from tests.fakes import engine_model_from_hf, tiny_engine, tiny_hf_model
+
+
+def dequantised_int4(layer: Int4Linear, weight: torch.Tensor) -> torch.Tensor:
+    """The weight the int4 kernel multiplies by, rebuilt the way the quantiser defines it."""
+    n, k = weight.shape
+    groups = weight.float().reshape(n, k // 128, 128)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((groups - low) / scale).clamp(0, 15)
+    return ((q - 8) * scale + (low + 8 * scale)).reshape(n, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_layer_computes_with_its_dequantised_weight(dtype: torch.dtype) -> None:
+    weight, bias = torch.randn(96, 256), torch.randn(96)
+    x = torch.randn(5, 256).to(dtype)
+    layer = Int4Linear(weight, bias, dtype)
+    expected = x.float() @ dequantised_int4(layer, weight).t() + bias
+    tolerance = 1e-3 if dtype == torch.float32 else 0.5  # bf16 activations and outputs
+    torch.testing.assert_close(layer(x).float(), expected, rtol=0.02, atol=tolerance)
+    # and the quantisation error itself is bounded by half a step of each group
+    assert (dequantised_int4(layer, weight) - weight).abs().max() < (weight.max() - weight.min()) / 15
+
+
+def test_int8_layer_computes_with_its_dequantised_weight() -> None:
+    weight = torch.randn(64, 96)
+    x = torch.randn(3, 96)
+    layer = Int8Linear(weight, None, torch.float32)
+    dequantised = layer.weight.float() * layer.scale[:, None]
+    torch.testing.assert_close(layer(x), x @ dequantised.t(), rtol=1e-4, atol=1e-4)
+    assert ((dequantised - weight).abs() <= layer.scale[:, None] / 2 + 1e-6).all()  # half a step at most
+
+
+def test_int4_needs_whole_groups() -> None:
+    with pytest.raises(ValueError, match="divisible by 128"):
+        Int4Linear(torch.randn(8, 100), None, torch.float32)
+
+
+def test_unknown_mode() -> None:
+    model = engine_model_from_hf(tiny_hf_model("llama2"))
+    with pytest.raises(ValueError, match="unknown quantisation 'int2'"):
+        quantize(model, "int2")  # type: ignore[arg-type]
+
+
+WIDE = {"hidden_size": 128, "intermediate_size": 256}  # int4 groups of 128 along every input dimension
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantised_draft_keeps_the_output_exact(mode: str) -> None:
+    plain = tiny_engine("qwen2-bias", draft=None, seed=2, init_std=0.1, **WIDE)
+    speculative = tiny_engine("qwen2-bias", seed=2, init_std=0.1, draft_noise=0.1, **WIDE)
+    assert speculative.draft is not None
+    quantize(speculative.draft, mode)  # type: ignore[arg-type]
+    params = SamplingParams(max_new_tokens=40)
+    for prompt in ([1, 2, 3], [50, 9, 9, 31, 7]):
+        expected = [t for b in plain.new_conversation().generate(prompt, params) for t in b.token_ids]
+        blocks = list(speculative.new_conversation().generate(prompt, params, gamma=4))
+        assert [t for b in blocks for t in b.token_ids] == expected
+    assert speculative.metrics.acceptance_rate > 0.3
+
+
+def test_a_quantised_target_follows_its_own_logits() -> None:
+    """A quantised target is a different model; speculative decoding is exact with respect to it."""
+    target_only = tiny_engine("qwen2-bias", draft=None, seed=3, init_std=0.1, **WIDE)
+    speculative = tiny_engine("qwen2-bias", seed=3, init_std=0.1, draft_noise=0.1, **WIDE)
+    quantize(target_only.target, "int4")
+    quantize(speculative.target, "int4")
+    params = SamplingParams(max_new_tokens=30)
+    expected = [t for b in target_only.new_conversation().generate([4, 5, 6], params) for t in b.token_ids]
+    got = [
+        t for b in speculative.new_conversation().generate([4, 5, 6], params, gamma=3) for t in b.token_ids
+    ]
+    assert got == expected
