@@ -22,6 +22,7 @@ from torch import Tensor
 
 from engine.adaptive import DraftLength, SpeculationStats
 from engine.detokenize import TextStream, Tokenizer
+from engine.graphs import StaticForwards
 from engine.metrics import BlockTiming, EngineMetrics, GenerationStats
 from engine.model import KVCache, LogitsMode, Transformer
 from engine.sampling import SamplingParams, sample, warp_probs
@@ -52,14 +53,27 @@ class ModelState:
     model: Transformer
     cache: KVCache
     valid: int = 0
+    static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
 
     @torch.inference_mode()
-    def feed(self, tokens: Sequence[int], start: int, logits: LogitsMode) -> Tensor | None:
-        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V] or None)."""
+    def feed(self, tokens: Sequence[int] | Tensor, start: int, logits: LogitsMode) -> Tensor | None:
+        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V] or None).
+
+        `tokens` may already be a device tensor (drafted ids), which avoids a host round trip. With static
+        forwards the logits may be a reused buffer: consume them before the next `feed`.
+        """
         device = self.model.device
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        positions = torch.arange(start, start + len(tokens), device=device)
-        return self.model(ids, positions, self.cache, start + len(tokens), logits=logits)
+        ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=device)
+        n_tokens = ids.shape[0]
+        if self.static is not None and logits != "none" and self.static.fits(n_tokens):  # not prefill
+            return self.static(ids, start, logits)
+        positions = torch.arange(start, start + n_tokens, device=device)
+        return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
+
+    @classmethod
+    def create(cls, model: Transformer, static_shapes: bool) -> ModelState:
+        cache = model.new_cache()
+        return cls(model, cache, static=StaticForwards(model, cache) if static_shapes else None)
 
 
 class Conversation:
@@ -68,8 +82,10 @@ class Conversation:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.tokens: list[int] = []  # committed ids: prompt(s) and generated tokens
-        self.target = ModelState(engine.target, engine.target.new_cache())
-        self.draft = ModelState(engine.draft, engine.draft.new_cache()) if engine.draft is not None else None
+        self.target = ModelState.create(engine.target, engine.static_shapes)
+        self.draft = (
+            ModelState.create(engine.draft, engine.static_shapes) if engine.draft is not None else None
+        )
         self._lock = threading.Lock()
 
     @property
@@ -222,7 +238,7 @@ class _Generation:
         while draft is not None and self.draft_length.should_draft(len(drafted), confidence, limit):
             tokens = self.conv.tokens
             if drafted:
-                logits = draft.feed([int(drafted[-1].item())], len(tokens) + len(drafted) - 1, "last")
+                logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
@@ -244,8 +260,8 @@ class _Generation:
     def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
         target = self.conv.target
         tokens = self.conv.tokens
-        fed = [*tokens[target.valid :], *draft_tokens.tolist()]
-        logits = target.feed(fed, target.valid, "all")
+        pending = torch.tensor(tokens[target.valid :], dtype=torch.long, device=draft_tokens.device)
+        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, "all")
         assert logits is not None
         logits = logits[-(draft_tokens.shape[0] + 1) :]  # [G+1, V]
         if self.params.greedy:
@@ -313,6 +329,7 @@ class Engine:
         *,
         eos_ids: Iterable[int] = (),
         gamma: int | str = 4,
+        static_shapes: bool = False,
         clock: Clock = time.perf_counter,
     ) -> None:
         if draft is not None and draft.args.vocab_size != target.args.vocab_size:
@@ -327,6 +344,8 @@ class Engine:
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.gamma = gamma
+        # Decode steps through fixed-shape forwards: captured as CUDA graphs on a GPU (eager elsewhere).
+        self.static_shapes = static_shapes
         self.clock = clock
         self.max_seq_len = target.max_seq_len
         self.metrics = EngineMetrics()

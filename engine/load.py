@@ -69,6 +69,7 @@ def load_engine(
     gamma: int | str = 4,
     quant: QuantMode = "none",
     draft_quant: QuantMode = "none",
+    static_shapes: bool | None = None,
     clock: Clock = time.perf_counter,
     log: Log = log_to_stderr,
 ) -> Engine:
@@ -76,7 +77,8 @@ def load_engine(
 
     `gamma` is the number of drafted tokens per block or "auto"; `quant` / `draft_quant` store the
     target's / draft's linear layers as int8 or int4 (CPU). A quantised draft never changes the output;
-    a quantised target is a different target.
+    a quantised target is a different target. `static_shapes` (default: on for CUDA) runs decode steps
+    as fixed-shape forwards captured as CUDA graphs.
     """
     torch_dtype = parse_dtype(dtype)
     for mode in (quant, draft_quant):
@@ -97,7 +99,17 @@ def load_engine(
         draft_model = load_checkpoint(draft_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device)
         draft_model = quantize(draft_model, draft_quant)
     eos_ids = eos_ids_of(target_dir, tokenizer)
-    return Engine(target_model, draft_model, tokenizer, eos_ids=eos_ids, gamma=gamma, clock=clock)
+    if static_shapes is None:
+        static_shapes = torch.device(device).type == "cuda"
+    return Engine(
+        target_model,
+        draft_model,
+        tokenizer,
+        eos_ids=eos_ids,
+        gamma=gamma,
+        static_shapes=static_shapes,
+        clock=clock,
+    )
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
