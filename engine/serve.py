@@ -204,7 +204,7 @@ async def _answer(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    async with _watch_disconnect(request, stream.cancel):
+    async with _cancel_when_gone(request, stream.cancel):
         result = await collect(stream, request_id, created, model, isinstance(body, ChatCompletionRequest))
     return JSONResponse(result)
 
@@ -212,18 +212,16 @@ async def _answer(
 async def _until_disconnect(
     request: Request, stream: RequestStream, chunks: AsyncIterator[str]
 ) -> AsyncIterator[str]:
-    """Relays `chunks`; however the response ends (done, disconnect, error), the generation is cancelled."""
-    async with _watch_disconnect(request, stream.cancel):
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            stream.cancel.set()
+    """Relays `chunks` until they end or the client leaves."""
+    async with _cancel_when_gone(request, stream.cancel):
+        async for chunk in chunks:
+            yield chunk
 
 
 @contextlib.asynccontextmanager
-async def _watch_disconnect(request: Request, cancel: threading.Event) -> AsyncIterator[None]:
-    """Sets `cancel` as soon as the client disconnects (the engine stops at its next block)."""
+async def _cancel_when_gone(request: Request, cancel: threading.Event) -> AsyncIterator[None]:
+    """Sets `cancel` as soon as the client disconnects, or when the block is left early (an error, a
+    cancelled handler); the engine stops at its next block. After a finished answer it changes nothing."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -235,6 +233,7 @@ async def _watch_disconnect(request: Request, cancel: threading.Event) -> AsyncI
         yield
     finally:
         watcher.cancel()
+        cancel.set()
 
 
 def run(engine: Engine, config: ServerConfig, *, host: str, port: int, log_level: str = "info") -> None:

@@ -102,23 +102,15 @@ class LocalLLM:
         from engine.sampling import SamplingParams
 
         if self._running is not None:
-            await self._running  # a cancelled turn ends at its next block; then the conversation is free
+            await asyncio.shield(self._running)  # a cancelled turn ends at its next block; then it is free
         self._cancel = cancel = threading.Event()
         try:
             prompt = chat_prompt(self.engine.tokenizer, [dict(message) for message in messages])
             params = SamplingParams(options.temperature, options.top_p, 0, options.max_tokens, options.stop,
                                     options.seed)  # fmt: skip
-            blocks = self._conversation.generate(prompt, params, cancel=cancel)
+            arrived = self._start(self._conversation.generate(prompt, params, cancel=cancel))
         except ValueError as error:
             raise LLMError(str(error)) from error
-        loop = asyncio.get_running_loop()
-        arrived: asyncio.Queue[ReplyBlock | Exception] = asyncio.Queue()
-
-        def deliver(item: ReplyBlock | Exception) -> None:
-            with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
-                loop.call_soon_threadsafe(arrived.put_nowait, item)
-
-        self._running = loop.run_in_executor(None, self._pump, blocks, deliver)
         try:
             while True:
                 item = await arrived.get()
@@ -129,6 +121,31 @@ class LocalLLM:
                     return
         finally:
             cancel.set()
+
+    def _start(self, blocks: Iterator[CommittedBlock]) -> asyncio.Queue[ReplyBlock | Exception]:
+        """Runs `blocks` on a thread of its own; returns the queue (of this event loop) they arrive on."""
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[ReplyBlock | Exception] = asyncio.Queue()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def hand_over(item: ReplyBlock | Exception) -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
+                loop.call_soon_threadsafe(arrived.put_nowait, item)
+
+        def finish() -> None:
+            if not finished.done():
+                finished.set_result(None)
+
+        def work() -> None:
+            try:
+                self._pump(blocks, hand_over)
+            finally:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(finish)
+
+        self._running = finished
+        threading.Thread(target=work, name="voiceagent-llm", daemon=True).start()
+        return arrived
 
     def _pump(
         self, blocks: Iterator[CommittedBlock], deliver: Callable[[ReplyBlock | Exception], None]
@@ -148,7 +165,7 @@ class LocalLLM:
     async def aclose(self) -> None:
         self._cancel.set()
         if self._running is not None:
-            await self._running
+            await asyncio.shield(self._running)
 
 
 class RemoteLLM:
