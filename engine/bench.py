@@ -27,6 +27,7 @@ from engine.bench_contenders import (
     plain_decode_s_per_token,
     raw_forward_s,
 )
+from engine.bench_shapes import run_shapes
 from engine.generate import Engine
 from engine.load import DTYPES, chat_prompt, load_engine
 from engine.models import resolve
@@ -44,7 +45,9 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--gamma", type=gamma_arg, default=4, help="drafted tokens per block, or 'auto'")
     bench.add_argument("--quant", choices=QUANT_MODES, default="none", help="target weights (CPU)")
     bench.add_argument("--draft-quant", choices=QUANT_MODES, default="none", help="draft weights (CPU)")
-    bench.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    bench.add_argument(
+        "--dtype", choices=[*DTYPES, "fp8"], default="bf16", help="fp8: fp8 weights (with --shapes on a GPU)"
+    )
     bench.add_argument("--compare", choices=["hf"], default=None, help="also time transformers' generate")
     bench.add_argument(
         "--also",
@@ -54,6 +57,13 @@ def add_bench_parser(commands: Any) -> None:
         help="another engine configuration to time, e.g. int4:int4:auto (repeatable)",
     )
     bench.add_argument("--limit", type=int, default=None, help="use the first N prompts only")
+    shapes = bench.add_argument_group("random weights with real shapes (GPU timing)")
+    shapes.add_argument("--shapes", default=None, metavar="TARGET:DRAFT", help="e.g. llama3-70b:llama3-8b")
+    shapes.add_argument("--random-weights", action="store_true", help="required with --shapes")
+    shapes.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    shapes.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
+    shapes.add_argument("--max-gamma", type=int, default=8)
+    shapes.add_argument("--repeats", type=int, default=20)
     bench.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     bench.set_defaults(run=run_bench)
 
@@ -138,6 +148,10 @@ def hf_contenders(args: argparse.Namespace, engine: Engine) -> list[HFContender]
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.shapes is not None:
+        return run_shapes_bench(args)
+    if args.dtype == "fp8":
+        raise ValueError("--dtype fp8 is for --shapes ... --random-weights on a GPU with fp8 support")
     prompts = read_prompts(args.prompts)[: args.limit]
     pairs = build_pairs(args)
     main = pairs[0]
@@ -169,6 +183,31 @@ def run_bench(args: argparse.Namespace) -> int:
         f"{LLAMA_CPP_PLAIN_TOK_S:.0f} tok/s on the same pair (Q4_K_M)"
     )
     print(json.dumps(summary))
+    return 0
+
+
+def run_shapes_bench(args: argparse.Namespace) -> int:
+    if not args.random_weights:
+        raise ValueError("--shapes times random weights: add --random-weights")
+    weights: QuantMode = "fp8" if args.dtype == "fp8" else "none"
+    if args.dtype not in ("bf16", "fp8"):
+        raise ValueError("--shapes runs bf16 or fp8 weights")
+    result = run_shapes(
+        args.shapes,
+        weights,
+        args.device,
+        args.max_gamma,
+        args.context,
+        args.repeats,
+        log=lambda message: print(message, flush=True),
+    )
+    print(f"{'acceptance':>10} {'best gamma':>10} {'ms/token':>9} {'plain ms/token':>14} {'speedup':>7}")
+    for row in result["projection"]:
+        print(
+            f"{row['acceptance']:>10.2f} {row['best_gamma']:>10} {row['ms_per_token']:>9.2f} "
+            f"{row['plain_ms_per_token']:>14.2f} {row['speedup']:>7.2f}"
+        )
+    print(json.dumps(result))
     return 0
 
 
