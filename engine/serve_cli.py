@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.load import DTYPES
+from engine.quant import QUANT_MODES, QuantMode
 
 # vLLM's --dtype spellings, and the engine's own.
 VLLM_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "half": "fp16", "float16": "fp16", "float": "fp32",
@@ -53,8 +54,12 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--speculative-config", type=json_object,
         help='newer vLLM\'s spelling, e.g. \'{"model": "...", "num_speculative_tokens": 5}\'; '
-        "overrides the two flags above",
+        "overrides the two flags above (keys: model, num_speculative_tokens, method, quantization)",
     )  # fmt: skip
+    serve.add_argument("--quantization", choices=QUANT_MODES, default="none", help="target weights (CPU)")
+    serve.add_argument(
+        "--speculative-model-quantization", choices=QUANT_MODES, default="none", help="draft weights (CPU)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--dtype", choices=list(VLLM_DTYPES), default="auto", help="auto is bf16")
@@ -80,6 +85,8 @@ class ServeOptions:
     gamma: int | str  # an integer, or "auto"
     dtype: str
     model_name: str
+    quant: QuantMode = "none"  # weight-only int8/int4 for the target
+    draft_quant: QuantMode = "none"
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -89,15 +96,22 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
             f"the model is given twice and differs: {args.model_tag!r} and --model {args.model!r}"
         )
     target = args.model_tag or args.model or DEFAULT_TARGET
-    draft, gamma = args.speculative_model, args.num_speculative_tokens
+    draft, gamma, draft_quant = (
+        args.speculative_model,
+        args.num_speculative_tokens,
+        args.speculative_model_quantization,
+    )
     if args.speculative_config is not None:
-        draft, gamma = _from_speculative_config(args.speculative_config, gamma)
+        draft, gamma, draft_quant = _from_speculative_config(args.speculative_config, gamma, draft_quant)
     draft = None if draft is None or draft.lower() == "none" else draft
-    return ServeOptions(target, draft, gamma, VLLM_DTYPES[args.dtype], args.served_model_name or target)
+    name = args.served_model_name or target
+    return ServeOptions(target, draft, gamma, VLLM_DTYPES[args.dtype], name, args.quantization, draft_quant)
 
 
-def _from_speculative_config(config: dict[str, Any], gamma: int | str) -> tuple[str | None, int | str]:
-    unknown = set(config) - {"model", "num_speculative_tokens", "method"}
+def _from_speculative_config(
+    config: dict[str, Any], gamma: int | str, quant: QuantMode
+) -> tuple[str | None, int | str, QuantMode]:
+    unknown = set(config) - {"model", "num_speculative_tokens", "method", "quantization"}
     if unknown:
         raise ValueError(f"--speculative-config: unsupported keys {sorted(unknown)}")
     if config.get("method", "draft_model") != "draft_model":
@@ -111,7 +125,14 @@ def _from_speculative_config(config: dict[str, Any], gamma: int | str) -> tuple[
             gamma = speculative_tokens(str(config["num_speculative_tokens"]))
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"--speculative-config num_speculative_tokens: {error}") from None
-    return str(config["model"]), gamma
+    if "quantization" in config:
+        if config["quantization"] not in QUANT_MODES:
+            raise ValueError(
+                f"--speculative-config quantization: choose one of {', '.join(QUANT_MODES)}, "
+                f"got {config['quantization']!r}"
+            )
+        quant = config["quantization"]
+    return str(config["model"]), gamma, quant
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -119,11 +140,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.serve import ServerConfig, run
 
     options = serve_options(args)
-    gamma: Any = options.gamma  # "auto" is the engine's adaptive speculation length
     engine = load_engine(
-        options.target, options.draft, dtype=options.dtype, device=args.device,
-        max_seq_len=args.max_model_len, gamma=gamma,
-    )  # fmt: skip
+        options.target,
+        options.draft,
+        dtype=options.dtype,
+        device=args.device,
+        max_seq_len=args.max_model_len,
+        gamma=options.gamma,
+        quant=options.quant,
+        draft_quant=options.draft_quant,
+    )
     fixed_gamma = options.gamma if isinstance(options.gamma, int) and options.draft is not None else None
     config = ServerConfig(
         model_name=options.model_name, api_key=args.api_key or None, max_queue_len=args.max_queue_len,

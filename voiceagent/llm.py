@@ -298,13 +298,14 @@ def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
     if engine is None:
         from engine.load import load_engine
 
-        gamma: Any = settings.gamma  # an integer, or "auto" (the engine's adaptive speculation length)
         engine = load_engine(
             settings.target,
             settings.draft_model,
             dtype=settings.dtype,
             device=settings.device,
             max_seq_len=settings.max_seq_len,
-            gamma=gamma,
+            gamma=settings.gamma,
+            quant=settings.quant,
+            draft_quant=settings.draft_quant,
         )
     return LocalLLM(engine)

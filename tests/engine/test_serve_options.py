@@ -52,6 +52,14 @@ def test_newer_vllm_speculative_config() -> None:
     assert options("--speculative-config", '{"model": "d", "num_speculative_tokens": "auto"}').gamma == "auto"
 
 
+def test_weight_quantization_of_target_and_draft() -> None:
+    resolved = options("--quantization", "int8", "--speculative-model-quantization", "int4")
+    assert (resolved.quant, resolved.draft_quant) == ("int8", "int4")
+    assert options("--speculative-config", '{"model": "d", "quantization": "int4"}').draft_quant == "int4"
+    with pytest.raises(ValueError, match="quantization: choose one of none, int8, int4.*got 'int3'"):
+        options("--speculative-config", '{"model": "d", "quantization": "int3"}')
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
@@ -113,8 +121,7 @@ def test_a_server_with_adaptive_speculation_length() -> None:
     from engine.serve import ServerConfig, ServerThread, build_app
 
     resolved = options("--model", MODEL, "--speculative-model", MODEL, "--num-speculative-tokens", "auto")
-    gamma: Any = resolved.gamma
-    engine = load_engine(resolved.target, resolved.draft, max_seq_len=256, gamma=gamma)
+    engine = load_engine(resolved.target, resolved.draft, max_seq_len=256, gamma=resolved.gamma)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
