@@ -43,8 +43,15 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--prompts", type=Path, default=Path("bench/prompts.jsonl"))
     bench.add_argument("--max-new-tokens", type=int, default=96)
     bench.add_argument("--gamma", type=gamma_arg, default=4, help="drafted tokens per block, or 'auto'")
-    bench.add_argument("--quant", choices=QUANT_MODES, default="none", help="target weights (CPU)")
-    bench.add_argument("--draft-quant", choices=QUANT_MODES, default="none", help="draft weights (CPU)")
+    bench.add_argument(
+        "--quant", choices=QUANT_MODES, default="none", help="target weights: int8/int4 on CPU, fp8 on GPU"
+    )
+    bench.add_argument(
+        "--draft-quant",
+        choices=QUANT_MODES,
+        default="none",
+        help="draft weights: int8/int4 on CPU, fp8 on GPU",
+    )
     bench.add_argument(
         "--dtype", choices=[*DTYPES, "fp8"], default="bf16", help="fp8: fp8 weights (with --shapes on a GPU)"
     )
