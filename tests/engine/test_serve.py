@@ -6,29 +6,22 @@ gamma + 1 = 5 tokens long) serves every test of this module.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.servers import free_port, wait_until_healthy
+
 pytestmark = pytest.mark.bundled
 
 MODEL = "smollm2-135m-instruct"
 GAMMA = 4
 QUESTION = [{"role": "user", "content": "Name three colours."}]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +41,6 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(20)
-
-
-def wait_until_healthy(
-    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"the server was not healthy after {timeout_s} s:\n{log.read_text()}")
 
 
 @pytest.fixture(scope="module")

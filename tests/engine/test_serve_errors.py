@@ -6,7 +6,6 @@ The server runs in this process (one SmolLM2 engine, a 1024-token context, an AP
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.load import load_engine
 from engine.serve import ServerConfig, ServerThread, build_app
+from tests.servers import free_port
 
 pytestmark = pytest.mark.bundled
 
@@ -33,9 +33,7 @@ def url() -> Iterator[str]:
     app = build_app(
         engine, ServerConfig(model_name="smol", api_key=KEY, max_queue_len=1, num_speculative_tokens=4)
     )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     with ServerThread(app, port=port) as server:
         yield server.url
 

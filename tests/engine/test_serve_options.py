@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -14,6 +13,7 @@ import pytest
 from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET, _parser
 from engine.serve_cli import ServeOptions, serve_options
 from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
+from tests.servers import free_port
 
 MODEL = "smollm2-135m-instruct"
 
@@ -122,9 +122,7 @@ def test_a_server_with_adaptive_speculation_length() -> None:
 
     resolved = options("--model", MODEL, "--speculative-model", MODEL, "--num-speculative-tokens", "auto")
     engine = load_engine(resolved.target, resolved.draft, max_seq_len=256, gamma=resolved.gamma)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     with ServerThread(build_app(engine, ServerConfig(model_name=MODEL)), port=port) as server:
         body = {
             "model": MODEL,

@@ -6,10 +6,8 @@ Both run SmolLM2-135M (target and draft) in bf16, so greedy replies must be the 
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 
 from engine.generate import Engine
 from engine.load import load_engine
+from tests.servers import free_port, wait_until_healthy
 from voiceagent.config import Settings
 from voiceagent.llm import LLM, LLMError, LocalLLM, RemoteLLM, ReplyBlock, ReplyOptions, connect_llm
 
@@ -32,12 +31,6 @@ HISTORY = [
 OPTIONS = ReplyOptions(max_tokens=24)
 LONG = ReplyOptions(max_tokens=200)
 SHORT = ReplyOptions(max_tokens=12)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -68,22 +61,6 @@ def server_url(server: tuple[subprocess.Popen[bytes], int, Path], engine: Engine
     process, port, log = server
     wait_until_healthy(f"http://127.0.0.1:{port}", process, log)
     return f"http://127.0.0.1:{port}/v1"
-
-
-def wait_until_healthy(
-    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"the server was not healthy after {timeout_s} s:\n{log.read_text()}")
 
 
 async def reply(llm: LLM, options: ReplyOptions = OPTIONS) -> list[ReplyBlock]:
