@@ -28,6 +28,7 @@ from engine.bench_contenders import (
     raw_forward_s,
 )
 from engine.bench_shapes import run_shapes
+from engine.cli_flags import add_speculation_flags, gamma_arg
 from engine.generate import Engine
 from engine.load import DTYPES, chat_prompt, load_engine
 from engine.models import resolve
@@ -42,16 +43,7 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     bench.add_argument("--prompts", type=Path, default=Path("bench/prompts.jsonl"))
     bench.add_argument("--max-new-tokens", type=int, default=96)
-    bench.add_argument("--gamma", type=gamma_arg, default=4, help="drafted tokens per block, or 'auto'")
-    bench.add_argument(
-        "--quant", choices=QUANT_MODES, default="none", help="target weights: int8/int4 on CPU, fp8 on GPU"
-    )
-    bench.add_argument(
-        "--draft-quant",
-        choices=QUANT_MODES,
-        default="none",
-        help="draft weights: int8/int4 on CPU, fp8 on GPU",
-    )
+    add_speculation_flags(bench)
     bench.add_argument(
         "--dtype", choices=[*DTYPES, "fp8"], default="bf16", help="fp8: fp8 weights (with --shapes on a GPU)"
     )
@@ -73,16 +65,6 @@ def add_bench_parser(commands: Any) -> None:
     shapes.add_argument("--repeats", type=int, default=20)
     bench.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     bench.set_defaults(run=run_bench)
-
-
-def gamma_arg(value: str) -> int | str:
-    """argparse type for --gamma: an integer or 'auto'."""
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
 
 
 def read_prompts(path: Path) -> list[str]:

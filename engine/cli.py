@@ -8,13 +8,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from engine.bench import add_bench_parser, gamma_arg
+from engine.bench import add_bench_parser
 from engine.bundled import BUNDLED
+from engine.cli_flags import add_speculation_flags
 from engine.generate import CommittedBlock, Engine
 from engine.load import DTYPES, chat_prompt, load_engine
 from engine.metrics import GenerationStats
 from engine.models import ModelAssemblyError, prepare, status
-from engine.quant import QUANT_MODES
 from engine.sampling import SamplingParams
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -73,18 +73,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument(
-        "--gamma", type=gamma_arg, default=4, help="drafted tokens per verification, or 'auto' (adaptive)"
-    )
-    parser.add_argument(
-        "--quant", choices=QUANT_MODES, default="none", help="target weights: int8/int4 on CPU, fp8 on GPU"
-    )
-    parser.add_argument(
-        "--draft-quant",
-        choices=QUANT_MODES,
-        default="none",
-        help="draft weights: int8/int4 on CPU, fp8 on GPU",
-    )
+    add_speculation_flags(parser)
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length in tokens")
