@@ -238,16 +238,7 @@ def chat_chunk(
     block: dict[str, int] | None,
 ) -> dict[str, Any]:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    chunk: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-    if block is not None:
-        chunk["block"] = block
-    return chunk
+    return _chunk(request_id, created, model, "chat.completion.chunk", choice, block)
 
 
 def completion_chunk(
@@ -259,9 +250,16 @@ def completion_chunk(
     block: dict[str, int] | None,
 ) -> dict[str, Any]:
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(request_id, created, model, "text_completion", choice, block)
+
+
+def _chunk(
+    request_id: str, created: int, model: str, kind: str, choice: dict[str, Any], block: dict[str, int] | None
+) -> dict[str, Any]:
+    """One streamed SSE payload; `block` (n_tokens, n_drafted, n_accepted, position) when it carries text."""
     chunk: dict[str, Any] = {
         "id": request_id,
-        "object": "text_completion",
+        "object": kind,
         "created": created,
         "model": model,
         "choices": [choice],
