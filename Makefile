@@ -38,6 +38,8 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # Benchmarks are scripts, not tests: figures go to bench/results/ with the command and machine.
+# The main run: the engine plain and speculative (bf16 target, int4 draft, adaptive gamma), an int4 target,
+# and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores).
 bench: setup
-	$(PY) -m engine bench --dtype bf16 --gamma 4 --max-new-tokens 96
-	$(PY) -m engine bench --dtype fp32 --gamma 4 --max-new-tokens 96
+	$(PY) -m engine bench --dtype bf16 --gamma auto --draft-quant int4 --compare hf --also int4:int4:auto
+	$(PY) -m engine bench --dtype fp32 --gamma 4 --limit 4
