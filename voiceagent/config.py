@@ -6,7 +6,8 @@
     VOICEAGENT_LLM_API_KEY   bearer key for a remote server started with --api-key
     VOICEAGENT_LLM_TIMEOUT_S longest wait for a remote server's next chunk, in seconds
     VOICEAGENT_TARGET, VOICEAGENT_DRAFT ("none" for plain decoding), VOICEAGENT_GAMMA (an integer or
-    "auto"), VOICEAGENT_QUANT and VOICEAGENT_DRAFT_QUANT ("none", "int8", "int4": weight-only, CPU),
+    "auto"), VOICEAGENT_QUANT and VOICEAGENT_DRAFT_QUANT ("none"; "int8", "int4" on the CPU; "fp8" on
+    Hopper GPUs),
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
 
 A bad value raises pydantic's ValidationError (a ValueError) naming the variable.
@@ -35,8 +36,8 @@ class Settings(BaseSettings):
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
     gamma: int | Literal["auto"] = 4
-    quant: Literal["none", "int8", "int4"] = "none"
-    draft_quant: Literal["none", "int8", "int4"] = "none"
+    quant: Literal["none", "int8", "int4", "fp8"] = "none"
+    draft_quant: Literal["none", "int8", "int4", "fp8"] = "none"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
