@@ -15,7 +15,7 @@ venv: $(INSTALLED)
 
 $(INSTALLED): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev,piper]'
 	touch $@
 
 debian:
