@@ -129,3 +129,155 @@ def tiny_engine(
         eos_ids=(0,) if eos else (),
         gamma=gamma,
     )
+
+
+# ----- voice pipeline fakes -----------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Time that moves only when told to; `sleep` advances it at once."""
+
+    def __init__(self, start_ns: int = 1_000_000_000) -> None:
+        self.t_ns = start_ns
+
+    def now_ns(self) -> int:
+        return self.t_ns
+
+    def advance(self, seconds: float) -> None:
+        self.t_ns += int(seconds * 1e9)
+
+    async def sleep(self, seconds: float) -> None:
+        import asyncio
+
+        self.advance(seconds)
+        await asyncio.sleep(0)
+
+
+class FakeEdge:
+    def __init__(self, kind: str, t_ns: int, confirmed_ns: int) -> None:
+        self.kind, self.t_ns, self.confirmed_ns = kind, t_ns, confirmed_ns
+
+
+class FakeEndpointer:
+    """Speech is any frame whose peak exceeds `level`; speech ends after `end_frames` quiet frames."""
+
+    def __init__(self, level: int = 1000, end_frames: int = 10, frame_ns: int = 20_000_000) -> None:
+        self.level, self.end_frames, self.frame_ns = level, end_frames, frame_ns
+        self._speaking, self._quiet, self._last_voiced_end = False, 0, 0
+        self.guarded = False
+
+    def push(self, frame: Any, t_ns: int) -> list[FakeEdge]:
+        voiced = int(abs(frame.astype("int32")).max()) > self.level * (4 if self.guarded else 1)
+        if voiced:
+            self._quiet, self._last_voiced_end = 0, t_ns + self.frame_ns
+            if not self._speaking:
+                self._speaking = True
+                return [FakeEdge("speech_start", t_ns, t_ns)]
+            return []
+        if self._speaking:
+            self._quiet += 1
+            if self._quiet >= self.end_frames:
+                self._speaking = False
+                return [FakeEdge("speech_end", self._last_voiced_end, t_ns)]
+        return []
+
+    def speaking(self) -> bool:
+        return self._speaking
+
+    def set_guard(self, active: bool) -> None:
+        self.guarded = active
+
+
+class FakeTranscript:
+    def __init__(self, stable: str, text: str) -> None:
+        self.stable, self.text = stable, text
+
+
+class FakeRecognizer:
+    """Hears `text` (one word per 10 frames pushed, for partials); `error` makes the final fail."""
+
+    def __init__(self, text: str = "hello there", error: Exception | None = None) -> None:
+        self.text, self.error = text, error
+        self.frames = 0
+        self.utterances = 0
+
+    def start(self) -> None:
+        self.frames = 0
+        self.utterances += 1
+
+    def push(self, frame: Any) -> None:
+        self.frames += 1
+
+    def decode_partial(self) -> FakeTranscript:
+        words = self.text.split()[: self.frames // 10]
+        return FakeTranscript(" ".join(words[:-1]), " ".join(words))
+
+    def decode_final(self) -> str:
+        if self.error is not None:
+            raise self.error
+        return self.text
+
+
+class FakeLLM:
+    """Streams `blocks` (texts) for every reply, recording the histories it was asked with."""
+
+    def __init__(
+        self,
+        blocks: Sequence[str] = ("Hi,", " nice", " to meet", " you."),
+        error_after: int | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.blocks, self.error_after, self.delay_s = list(blocks), error_after, delay_s
+        self.histories: list[list[dict[str, str]]] = []
+
+    async def stream(self, messages: Any, options: Any = None) -> Any:
+        import asyncio
+
+        from voiceagent.llm import LLMError, ReplyBlock
+
+        self.histories.append([dict(m) for m in messages])
+        for i, text in enumerate(self.blocks):
+            if self.error_after is not None and i >= self.error_after:
+                raise LLMError("the engine failed")
+            await asyncio.sleep(self.delay_s)
+            yield ReplyBlock(text=text, n_tokens=1, n_drafted=4, n_accepted=2)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FakeSynthesizer:
+    """Speaks each word as `word_ms` of a 440 Hz tone at 16 kHz, one chunk per word."""
+
+    sample_rate = 16000
+
+    def __init__(self, word_ms: int = 100, error: Exception | None = None) -> None:
+        self.word_ms, self.error = word_ms, error
+        self.spoken: list[str] = []
+
+    def synthesize(self, text: str) -> Any:
+        import numpy as np
+
+        if self.error is not None:
+            raise self.error
+        self.spoken.append(text)
+        n = self.sample_rate * self.word_ms // 1000
+        tone = (3000 * np.sin(2 * np.pi * 440 * np.arange(n) / self.sample_rate)).astype(np.int16)
+        for _ in text.split():
+            yield tone
+
+
+class WordChunker:
+    """A chunker for session tests: every whole word is a phrase (a word split across blocks waits)."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+
+    def push(self, text: str) -> list[str]:
+        self.pending += text
+        *words, self.pending = self.pending.split(" ")
+        return [w for w in words if w]
+
+    def flush(self) -> list[str]:
+        words, self.pending = [w for w in self.pending.split(" ") if w], ""
+        return words

@@ -106,6 +106,14 @@ class TurnEnded(OutputEvent):
 
 
 @dataclass(frozen=True)
+class Interrupted(InputEvent):
+    """The user spoke over the reply: its audio is dropped and the history keeps only `spoken_text`."""
+
+    spoken_text: str
+    trace_name: ClassVar[str] = "turn.interrupted"
+
+
+@dataclass(frozen=True)
 class TurnError(InputEvent):
     """A stage failed: the turn ends, the session keeps listening."""
 

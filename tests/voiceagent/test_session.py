@@ -1,0 +1,222 @@
+"""The session with fake stages: a whole turn, barge-in, echo guard, and failures that end only a turn."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.fakes import FakeClock, FakeEndpointer, FakeLLM, FakeRecognizer, FakeSynthesizer, WordChunker
+from voiceagent.events import (
+    Event,
+    Interrupted,
+    ReplyText,
+    SpeechAudio,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnEnded,
+    TurnError,
+)
+from voiceagent.session import Session, SessionOptions
+from voiceagent.trace import Trace, turn_latencies_ms
+
+LOUD = np.full(320, 5000, dtype=np.int16)
+ECHO = np.full(320, 2000, dtype=np.int16)  # above the plain threshold, below the guarded one
+QUIET = np.zeros(320, dtype=np.int16)
+
+
+class Harness:
+    """A session on fakes plus a transport that plays audio only when told to."""
+
+    def __init__(
+        self,
+        llm: FakeLLM | None = None,
+        recognizer: FakeRecognizer | None = None,
+        synthesizer: FakeSynthesizer | None = None,
+        options: SessionOptions | None = None,
+    ) -> None:
+        self.clock = FakeClock()
+        self.trace = Trace(None, "test", self.clock)
+        self.llm = llm or FakeLLM()
+        self.recognizer = recognizer or FakeRecognizer()
+        self.synthesizer = synthesizer or FakeSynthesizer()
+        self.session = Session(
+            endpointer=FakeEndpointer(),
+            recognizer=self.recognizer,
+            llm=self.llm,
+            synthesizer=self.synthesizer,
+            new_chunker=WordChunker,
+            clock=self.clock,
+            trace=self.trace,
+            options=options,
+        )
+        self.events: list[Event] = []
+        self.queued: dict[int, int] = {}  # turn -> samples received
+        self.played: dict[int, int] = {}
+
+    async def collect(self) -> None:
+        async for event in self.session.events():
+            self.events.append(event)
+            if isinstance(event, SpeechAudio):
+                self.session.audio_sent(event)
+                self.queued[event.turn_id] = self.queued.get(event.turn_id, 0) + len(event.samples)
+
+    async def frames(self, frame: np.ndarray, n: int) -> None:
+        for _ in range(n):
+            self.clock.advance(0.02)
+            await self.session.push_audio(frame)
+            await asyncio.sleep(0.001)  # let worker threads and tasks run
+
+    def play(self, turn: int, samples: int | None = None) -> None:
+        self.played[turn] = self.queued.get(turn, 0) if samples is None else samples
+        self.session.audio_played(turn, self.played[turn])
+
+    async def settle(self, until: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        for _ in range(int(timeout_s / 0.01)):
+            if until():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"timed out; events: {[type(e).__name__ for e in self.events]}")
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def run(test: Callable[[Harness], Awaitable[None]], **kwargs: Any) -> Harness:
+    harness = Harness(**kwargs)
+
+    async def main() -> None:
+        collector = asyncio.create_task(harness.collect())
+        await test(harness)
+        await harness.session.close()
+        await collector
+
+    asyncio.run(main())
+    return harness
+
+
+async def one_turn(h: Harness) -> None:
+    await h.frames(LOUD, 40)
+    await h.frames(QUIET, 12)
+    await h.settle(lambda: bool(h.of(TurnEnded)))
+    h.play(1)
+
+
+def test_a_whole_turn() -> None:
+    h = run(one_turn)
+    assert [e.text for e in h.of(TranscriptFinal)] == ["hello there"]
+    assert h.of(TranscriptPartial) and h.of(TranscriptPartial)[-1].text.startswith("hello")
+    assert "".join(e.text for e in h.of(ReplyText)) == "Hi, nice to meet you."
+    assert h.of(ReplyText)[0].first and h.of(ReplyText)[0].n_accepted == 2
+    assert h.synthesizer.spoken == ["Hi,", "nice", "to", "meet", "you."]  # committed text only, in order
+    assert h.session.history[1:] == [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "Hi, nice to meet you."},
+    ]
+    events = [r["event"] for r in h.trace.records]
+    for name in (
+        "vad.speech_start",
+        "vad.speech_end",
+        "asr.final",
+        "llm.first_block",
+        "llm.block",
+        "tts.first_audio",
+        "out.first_audio",
+        "out.played",
+        "turn.end",
+    ):
+        assert name in events, name
+    assert events.index("vad.speech_end") < events.index("asr.final") < events.index("llm.first_block")
+    latencies = turn_latencies_ms(h.trace.records, 1)
+    assert all(value is not None and value >= 0 for value in latencies.values()), latencies
+
+
+def test_barge_in_cuts_the_reply_to_what_was_heard() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: len(h.of(SpeechAudio)) >= 3)
+        h.play(1, 2 * 1600)  # two words (100 ms each at 16 kHz) heard
+        await h.frames(LOUD, 30)  # the user talks over the agent
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: len(h.of(TurnEnded)) == 1 and h.of(TurnEnded)[0].turn_id == 2)
+        h.play(2)
+
+    llm = FakeLLM(blocks=["One", " two", " three", " four", " five", " six."], delay_s=0.02)
+    h = run(scenario, llm=llm)
+    interrupted = h.of(Interrupted)
+    assert len(interrupted) == 1 and interrupted[0].turn_id == 1 and interrupted[0].spoken_text == "One two"
+    # the second reply saw a history holding only the words the user heard of the first
+    assert llm.histories[1][1:] == [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "One two"},
+        {"role": "user", "content": "hello there"},
+    ]
+    # no output of turn 1 reached the transport after the interruption
+    cut = h.events.index(interrupted[0])
+    assert all(
+        getattr(e, "turn_id", 0) != 1 for e in h.events[cut:] if isinstance(e, SpeechAudio | ReplyText)
+    )
+
+
+def test_echo_guard_keeps_the_agent_from_interrupting_itself() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(SpeechAudio)))
+        await h.frames(ECHO, 20)  # the agent's own voice coming back down the line
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+
+    h = run(scenario, llm=FakeLLM(delay_s=0.01), options=SessionOptions(echo_guard=True))
+    assert not h.of(Interrupted) and len(h.of(TranscriptFinal)) == 1
+
+
+@pytest.mark.parametrize(
+    ("stage", "kwargs"),
+    [
+        ("llm", {"llm": FakeLLM(error_after=2)}),
+        ("asr", {"recognizer": FakeRecognizer(error=RuntimeError("decoder crashed"))}),
+        ("tts", {"synthesizer": FakeSynthesizer(error=OSError("voice missing"))}),
+    ],
+)
+def test_a_failing_stage_ends_only_its_turn(stage: str, kwargs: dict[str, Any]) -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnError)))
+        # repair the stage, then the next turn works
+        h.llm.error_after, h.recognizer.error, h.synthesizer.error = None, None, None
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(2)
+
+    h = run(scenario, **kwargs)
+    errors = h.of(TurnError)
+    assert len(errors) == 1 and errors[0].stage == stage and errors[0].turn_id == 1
+    assert h.of(TurnEnded)[0].turn_id == 2 and h.of(TurnEnded)[0].reason == "done"
+    assert any(r["event"] == "turn.error" and r["stage"] == stage for r in h.trace.records)
+
+
+def test_typed_input_gets_a_spoken_reply() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.session.push_text("what time is it")
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario)
+    assert h.session.history[1] == {"role": "user", "content": "what time is it"}
+    assert h.of(SpeechAudio)
+
+
+def test_bad_frames_are_refused_and_the_session_goes_on() -> None:
+    async def scenario(h: Harness) -> None:
+        for bad in (np.zeros(160, dtype=np.int16), np.zeros(320, dtype=np.float32)):
+            with pytest.raises(ValueError, match=r"audio frames must be \[320\] int16"):
+                await h.session.push_audio(bad)
+        await one_turn(h)
+
+    assert run(scenario).of(TurnEnded)

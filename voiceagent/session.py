@@ -1,0 +1,313 @@
+"""A voice session: turn-taking and barge-in around VAD -> ASR -> LLM -> phrase chunker -> TTS.
+
+Audio frames come in (`push_audio`, PCM16 mono 16 kHz, 20 ms); typed events come out (`events()`), the
+agent's speech among them as `SpeechAudio` at the session's output rate. The transport plays that audio
+and reports back (`audio_sent`, `audio_played`), which is how the trace knows when the first audio went
+out and how a barge-in knows what the user heard.
+
+- While the user speaks, partial transcripts are decoded every `partial_every_ms`; at speech_end the
+  final transcript starts the reply. CPU-heavy calls (ASR, TTS) run in worker threads.
+- The reply streams committed blocks from the LLM; the chunker turns them into phrases and TTS speaks
+  each phrase as soon as it exists, in a task of its own, so the LLM keeps writing while TTS speaks.
+- Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
+  its queued output events are dropped, and the history keeps only the words already played.
+- A failing stage ends the turn with a `TurnError`; the session keeps listening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, resample
+from voiceagent.clock import Clock
+from voiceagent.events import (
+    Event,
+    Interrupted,
+    OutputEvent,
+    Phrase,
+    ReplyText,
+    SpeechAudio,
+    SpeechEnded,
+    SpeechStarted,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnEnded,
+    TurnError,
+)
+from voiceagent.llm import LLM, ReplyOptions
+from voiceagent.spoken import SpokenReply
+from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, SynthesizerLike, VadEdgeLike
+from voiceagent.trace import Trace
+
+SPEECH_SYSTEM_PROMPT = (
+    "You are a friendly voice assistant talking with someone on a call. Answer in one or two short "
+    "spoken sentences. Use plain words only: no lists, no markdown, no code, no emoji."
+)
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    system_prompt: str = SPEECH_SYSTEM_PROMPT
+    output_rate: int = 16000  # the transport's rate for the agent's audio
+    partial_every_ms: int = 300  # partial transcripts while the user speaks
+    lookback_ms: int = 300  # audio before a confirmed speech_start that still goes to ASR
+    echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
+    reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
+
+
+class Session:
+    def __init__(
+        self,
+        *,
+        endpointer: EndpointerLike,
+        recognizer: RecognizerLike,
+        llm: LLM,
+        synthesizer: SynthesizerLike,
+        new_chunker: Callable[[], ChunkerLike],
+        clock: Clock,
+        trace: Trace,
+        options: SessionOptions | None = None,
+    ) -> None:
+        self.endpointer, self.recognizer, self.llm = endpointer, recognizer, llm
+        self.synthesizer, self.new_chunker, self.clock, self.trace = synthesizer, new_chunker, clock, trace
+        self.options = options or SessionOptions()
+        self.history: list[dict[str, str]] = [{"role": "system", "content": self.options.system_prompt}]
+        self.turn = 0
+        self.state = "listening"  # listening | thinking | speaking
+        self._events: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._dropped_turns: set[int] = set()
+        self._recent: deque[tuple[int, np.ndarray]] = deque(
+            maxlen=max(1, self.options.lookback_ms // FRAME_MS)
+        )
+        self._utterance_open = False
+        self._pending: list[np.ndarray] = []  # frames that arrived while a decode was running
+        self._decoding: asyncio.Task[None] | None = None
+        self._last_partial_ns = 0
+        self._reply: asyncio.Task[None] | None = None
+        self._spoken: dict[int, SpokenReply] = {}
+        self._first_out: set[int] = set()
+        self._answered = 0  # the turn whose whole reply is the history's last message
+
+    # ----- input -----------------------------------------------------------------------------------
+
+    async def push_audio(self, frame: np.ndarray, t_ns: int | None = None) -> None:
+        """One frame of the user's audio: [320] int16, PCM16 mono 16 kHz."""
+        if frame.shape != (FRAME_SAMPLES,) or frame.dtype != np.int16:
+            raise ValueError(f"audio frames must be [{FRAME_SAMPLES}] int16, got {frame.shape} {frame.dtype}")
+        t = self.clock.now_ns() if t_ns is None else t_ns
+        self._recent.append((t, frame))
+        started = False
+        for edge in self.endpointer.push(frame, t):
+            if edge.kind == "speech_start":
+                self._start_utterance(edge)
+                started = True
+            elif edge.kind == "speech_end":
+                self._end_utterance(edge)
+        if self._utterance_open and not started:
+            self._feed_recognizer(frame)
+            if (
+                t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000
+                and self._decoding is None
+            ):
+                self._last_partial_ns = t
+                self._decoding = asyncio.create_task(self._partial(self.turn))
+
+    async def push_text(self, text: str) -> None:
+        """A typed user message: answered like a final transcript (interrupting any reply)."""
+        if self._replying():
+            self._interrupt()
+        self.turn += 1
+        self._emit(TranscriptFinal(self.clock.now_ns(), self.turn, text))
+        self.trace.write("asr.final", self.turn, text=text, typed=True)
+        self._reply = asyncio.create_task(self._respond(self.turn, text))
+
+    # ----- output ----------------------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The session's events until `close()`; output events of interrupted turns are left out."""
+        while (event := await self._events.get()) is not None:
+            if isinstance(event, OutputEvent) and event.turn_id in self._dropped_turns:
+                continue
+            yield event
+
+    def audio_sent(self, event: SpeechAudio) -> None:
+        """The transport handed this audio to the wire (the first one of a turn is out.first_audio)."""
+        if event.turn_id not in self._first_out and event.turn_id not in self._dropped_turns:
+            self._first_out.add(event.turn_id)
+            self.trace.write("out.first_audio", event.turn_id)
+
+    def audio_played(self, turn: int, samples: int) -> None:
+        """The transport confirmed `samples` of the turn's audio as played (marks, or its clock)."""
+        spoken = self._spoken.setdefault(turn, SpokenReply())
+        spoken.played_samples = max(spoken.played_samples, samples)
+        self.trace.write("out.played", turn, samples=samples, ms=1000 * samples / self.options.output_rate)
+        self._maybe_done_speaking(turn)
+
+    def _maybe_done_speaking(self, turn: int) -> None:
+        """Back to listening (echo guard off) once the turn's reply is complete and all of it played."""
+        if turn == self.turn and not self._replying():
+            self.state = "listening"
+            self.endpointer.set_guard(False)
+
+    async def close(self) -> None:
+        for task in (self._reply, self._decoding):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._events.put_nowait(None)
+
+    # ----- listening -------------------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        self._events.put_nowait(event)
+
+    def _feed_recognizer(self, frame: np.ndarray) -> None:
+        if self._decoding is not None:  # the recogniser's buffer is being read in a worker thread
+            self._pending.append(frame)
+        else:
+            self.recognizer.push(frame)
+
+    def _flush_pending(self) -> None:
+        for frame in self._pending:
+            self.recognizer.push(frame)
+        self._pending.clear()
+
+    def _replying(self) -> bool:
+        """The agent is thinking, speaking, or its audio is still playing at the transport."""
+        current = asyncio.current_task()
+        if self._reply is not None and not self._reply.done() and self._reply is not current:
+            return True
+        spoken = self._spoken.get(self.turn)
+        return spoken is not None and spoken.played_samples < spoken.total_samples
+
+    def _start_utterance(self, edge: VadEdgeLike) -> None:
+        if self._replying():
+            self._interrupt()
+        self.turn += 1
+        self._utterance_open = True
+        self._last_partial_ns = edge.confirmed_ns
+        self.recognizer.start()
+        self._pending.clear()
+        lookback_from = edge.t_ns - self.options.lookback_ms * 1_000_000
+        for t, frame in self._recent:
+            if t >= lookback_from:
+                self._feed_recognizer(frame)
+        self._emit(SpeechStarted(edge.t_ns, self.turn))
+        self.trace.write("vad.speech_start", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
+
+    def _end_utterance(self, edge: VadEdgeLike) -> None:
+        self._utterance_open = False
+        self._emit(SpeechEnded(edge.t_ns, self.turn, confirmed_ns=edge.confirmed_ns))
+        self.trace.write("vad.speech_end", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
+        self._reply = asyncio.create_task(self._finalize_and_respond(self.turn))
+
+    async def _partial(self, turn: int) -> None:
+        try:
+            transcript = await asyncio.to_thread(self.recognizer.decode_partial)
+            if turn == self.turn and self._utterance_open:
+                self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
+                self.trace.write("asr.partial", turn, stable=transcript.stable, text=transcript.text)
+        except Exception as error:  # a partial is only a preview: note it and carry on
+            self.trace.write("asr.partial_error", turn, message=str(error))
+        finally:
+            self._decoding = None
+            self._flush_pending()
+
+    async def _finalize_and_respond(self, turn: int) -> None:
+        if self._decoding is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._decoding)
+        self._flush_pending()
+        try:
+            text = (await asyncio.to_thread(self.recognizer.decode_final)).strip()
+        except Exception as error:
+            self._fail(turn, "asr", error)
+            return
+        self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
+        self.trace.write("asr.final", turn, text=text)
+        if text and turn == self.turn:
+            await self._respond(turn, text)
+
+    # ----- replying --------------------------------------------------------------------------------
+
+    async def _respond(self, turn: int, user_text: str) -> None:
+        self.state = "thinking"
+        self.history.append({"role": "user", "content": user_text})
+        phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        speaker = asyncio.create_task(self._speak(turn, phrases))
+        reply, stage = "", "llm"
+        try:
+            chunker = self.new_chunker()
+            async for block in self.llm.stream(list(self.history), self.options.reply):
+                self._on_block(turn, block.text, block.n_drafted, block.n_accepted, first=not reply)
+                reply += block.text
+                for phrase in chunker.push(block.text):
+                    phrases.put_nowait(phrase)
+            for phrase in chunker.flush():
+                phrases.put_nowait(phrase)
+            phrases.put_nowait(None)
+            stage = "tts"
+            await speaker
+        except asyncio.CancelledError:
+            speaker.cancel()
+            raise
+        except Exception as error:
+            speaker.cancel()
+            self._fail(turn, stage, error)
+            return
+        finally:
+            self._maybe_done_speaking(turn)
+        self.history.append({"role": "assistant", "content": reply.strip()})
+        self._answered = turn
+        self._emit(TurnEnded(self.clock.now_ns(), turn, "done", reply.strip()))
+        self.trace.write("turn.end", turn, reason="done", reply=reply.strip())
+
+    def _on_block(
+        self, turn: int, text: str, n_drafted: int | None, n_accepted: int | None, first: bool
+    ) -> None:
+        self._emit(ReplyText(self.clock.now_ns(), turn, text, n_drafted, n_accepted, first))
+        if first:
+            self.trace.write("llm.first_block", turn, n_drafted=n_drafted, n_accepted=n_accepted)
+        self.trace.write("llm.block", turn, text=text, n_drafted=n_drafted, n_accepted=n_accepted)
+
+    async def _speak(self, turn: int, phrases: asyncio.Queue[str | None]) -> None:
+        rate = self.options.output_rate
+        spoken = self._spoken.setdefault(turn, SpokenReply())
+        while (phrase := await phrases.get()) is not None:
+            self._emit(Phrase(self.clock.now_ns(), turn, phrase))
+            chunks = iter(self.synthesizer.synthesize(phrase))
+            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                samples = resample(chunk, self.synthesizer.sample_rate, rate)
+                if not spoken.phrases:
+                    self.trace.write("tts.first_audio", turn, phrase=phrase)
+                    self.state = "speaking"
+                    self.endpointer.set_guard(self.options.echo_guard)
+                spoken.add_audio(phrase, len(samples))
+                self._emit(SpeechAudio(self.clock.now_ns(), turn, samples, rate, phrase))
+
+    def _interrupt(self) -> None:
+        turn = self.turn
+        if self._reply is not None and not self._reply.done():
+            self._reply.cancel()
+        self._dropped_turns.add(turn)
+        heard = self._spoken.get(turn, SpokenReply()).played_text()
+        if self._answered == turn:  # the whole reply is in the history, but not all of it was heard
+            self.history.pop()
+        if heard:
+            self.history.append({"role": "assistant", "content": heard})
+        self.state = "listening"
+        self.endpointer.set_guard(False)
+        self._emit(Interrupted(self.clock.now_ns(), turn, heard))
+        self.trace.write("turn.interrupted", turn, spoken_text=heard)
+
+    def _fail(self, turn: int, stage: str, error: Exception) -> None:
+        message = f"{type(error).__name__}: {error}"
+        self._emit(TurnError(self.clock.now_ns(), turn, stage, message))
+        self.trace.write("turn.error", turn, stage=stage, message=message)

@@ -1,0 +1,63 @@
+"""The roles a voice session wires together, as structural types.
+
+Each role has one real implementation (vad.Endpointer, asr.StreamingRecognizer, chunker.PhraseChunker,
+tts.Synthesizer) and one fake in tests/fakes.py; the session knows only these shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+
+
+class VadEdgeLike(Protocol):
+    @property
+    def kind(self) -> str: ...  # "speech_start" | "speech_end"
+
+    @property
+    def t_ns(self) -> int: ...  # start: first voiced frame; end: end of the last voiced frame
+
+    @property
+    def confirmed_ns(self) -> int: ...
+
+
+class EndpointerLike(Protocol):
+    def push(self, frame: np.ndarray, t_ns: int) -> list[VadEdgeLike]: ...
+
+    def speaking(self) -> bool: ...
+
+    def set_guard(self, active: bool) -> None: ...
+
+
+class TranscriptLike(Protocol):
+    @property
+    def stable(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+class RecognizerLike(Protocol):
+    """Synchronous and CPU-heavy: the session calls decode_* in worker threads."""
+
+    def start(self) -> None: ...
+
+    def push(self, frame: np.ndarray) -> None: ...
+
+    def decode_partial(self) -> TranscriptLike: ...
+
+    def decode_final(self) -> str: ...
+
+
+class ChunkerLike(Protocol):
+    def push(self, text: str) -> list[str]: ...
+
+    def flush(self) -> list[str]: ...
+
+
+class SynthesizerLike(Protocol):
+    sample_rate: int
+
+    def synthesize(self, text: str) -> Iterator[np.ndarray]: ...
