@@ -19,7 +19,7 @@ from engine.model import Transformer
 
 QuantMode = Literal["none", "int8", "int4", "fp8"]
 QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4", "fp8")
-INT4_GROUP = 128
+INT4_GROUPS = (128, 64, 32)  # group sizes the CPU kernel takes, largest (fewest scales) first
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -42,17 +42,18 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    """Asymmetric int4 in groups of 128 along K, packed for the CPU kernel.
+    """Asymmetric int4 in groups of 128 along K (64 or 32 where K needs it), packed for the CPU kernel.
 
-    Within a group, w ~ (q - 8) * scale + zero with q in [0, 15]; scales_and_zeros is [K/128, N, 2].
+    Within a group, w ~ (q - 8) * scale + zero with q in [0, 15]; scales_and_zeros is [K/group, N, 2].
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
         n, k = weight.shape
-        if k % INT4_GROUP:
-            raise ValueError(f"int4 needs in_features divisible by {INT4_GROUP}, got {k}")
-        groups = weight.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+        self.group = next((g for g in INT4_GROUPS if k % g == 0), 0)
+        if not self.group:
+            raise ValueError(f"int4 needs in_features divisible by 32, got {k}")
+        groups = weight.float().reshape(n, k // self.group, self.group)
         low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         scale = ((high - low) / 15.0).clamp(min=1e-12)  # [N, K/G, 1]
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
@@ -66,7 +67,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight, INT4_GROUP, self.scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales_and_zeros)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -11,17 +11,18 @@ from tests.fakes import engine_model_from_hf, tiny_engine, tiny_hf_model
 def dequantised_int4(layer: Int4Linear, weight: torch.Tensor) -> torch.Tensor:
     """The weight the int4 kernel multiplies by, rebuilt the way the quantiser defines it."""
     n, k = weight.shape
-    groups = weight.float().reshape(n, k // 128, 128)
+    groups = weight.float().reshape(n, k // layer.group, layer.group)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     scale = ((high - low) / 15).clamp(min=1e-12)
     q = torch.round((groups - low) / scale).clamp(0, 15)
     return ((q - 8) * scale + (low + 8 * scale)).reshape(n, k)
 
 
+@pytest.mark.parametrize("in_features", [256, 576])  # groups of 128, and of 64 where 128 does not divide
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int4_layer_computes_with_its_dequantised_weight(dtype: torch.dtype) -> None:
-    weight, bias = torch.randn(96, 256), torch.randn(96)
-    x = torch.randn(5, 256).to(dtype)
+def test_int4_layer_computes_with_its_dequantised_weight(dtype: torch.dtype, in_features: int) -> None:
+    weight, bias = torch.randn(96, in_features), torch.randn(96)
+    x = torch.randn(5, in_features).to(dtype)
     layer = Int4Linear(weight, bias, dtype)
     expected = x.float() @ dequantised_int4(layer, weight).t() + bias
     tolerance = 1e-3 if dtype == torch.float32 else 0.5  # bf16 activations and outputs
@@ -40,8 +41,9 @@ def test_int8_layer_computes_with_its_dequantised_weight() -> None:
 
 
 def test_int4_needs_whole_groups() -> None:
-    with pytest.raises(ValueError, match="divisible by 128"):
+    with pytest.raises(ValueError, match="divisible by 32"):
         Int4Linear(torch.randn(8, 100), None, torch.float32)
+    assert Int4Linear(torch.randn(8, 576), None, torch.float32).group == 64  # SmolLM2's width
 
 
 def test_unknown_mode() -> None:
