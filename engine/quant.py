@@ -51,8 +51,8 @@ class Int4Linear(nn.Module):
         super().__init__()
         n, k = weight.shape
         self.group = next((g for g in INT4_GROUPS if k % g == 0), 0)
-        if not self.group:
-            raise ValueError(f"int4 needs in_features divisible by 32, got {k}")
+        if not self.group or n % 16:
+            raise ValueError(f"int4 needs in_features divisible by 32 and out_features by 16, got {k}, {n}")
         groups = weight.float().reshape(n, k // self.group, self.group)
         low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         scale = ((high - low) / 15.0).clamp(min=1e-12)  # [N, K/G, 1]

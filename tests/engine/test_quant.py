@@ -43,7 +43,9 @@ def test_int8_layer_computes_with_its_dequantised_weight() -> None:
 def test_int4_needs_whole_groups() -> None:
     with pytest.raises(ValueError, match="divisible by 32"):
         Int4Linear(torch.randn(8, 100), None, torch.float32)
-    assert Int4Linear(torch.randn(8, 576), None, torch.float32).group == 64  # SmolLM2's width
+    with pytest.raises(ValueError, match="out_features by 16"):
+        Int4Linear(torch.randn(8, 128), None, torch.float32)
+    assert Int4Linear(torch.randn(16, 576), None, torch.float32).group == 64  # SmolLM2's width
 
 
 def test_unknown_mode() -> None:
