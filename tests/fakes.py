@@ -281,3 +281,53 @@ class WordChunker:
     def flush(self) -> list[str]:
         words, self.pending = [w for w in self.pending.split(" ") if w], ""
         return words
+
+
+# ----- Real speech for the speech-in tests (VAD, ASR): espeak-ng at 16 kHz, with known bounds ------------
+
+
+def espeak_speech(text: str, directory: Any, voice: str = "en-us", words_per_minute: int = 150) -> Any:
+    """`text` spoken by espeak-ng (written into `directory`) -> [n] int16 PCM16 mono 16 kHz."""
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    from voiceagent.audio import read_wav
+
+    name = hashlib.sha256(f"{voice}|{words_per_minute}|{text}".encode()).hexdigest()[:16]
+    path = Path(directory) / f"espeak-{name}.wav"
+    if not path.exists():
+        command = ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(path), text]
+        subprocess.run(command, check=True, capture_output=True)
+    return read_wav(path)
+
+
+def silence(seconds: float) -> Any:
+    import numpy as np
+
+    return np.zeros(int(seconds * 16000), dtype=np.int16)
+
+
+def voiced_bounds(pcm16: Any, level: int = 100) -> tuple[float, float]:
+    """Seconds of the first and last sample louder than `level` (about -50 dBFS)."""
+    import numpy as np
+
+    loud = np.flatnonzero(np.abs(pcm16.astype(np.int32)) > level)
+    return loud[0] / 16000, (loud[-1] + 1) / 16000
+
+
+def normalized_words(text: str) -> list[str]:
+    import re
+
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("centre", "center")).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance / reference length, ignoring case and punctuation."""
+    ref, hyp = normalized_words(reference), normalized_words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        previous, row[0] = row[:], i
+        for j, h in enumerate(hyp, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (r != h))
+    return row[-1] / max(1, len(ref))

@@ -1,0 +1,140 @@
+"""Endpointing on the real Silero model and real (espeak-ng) speech: edges where the speech is, none for
+silence, tone or noise, a configurable end-of-speech wait, and an echo guard that ignores quiet speech."""
+
+
+import numpy as np
+import pytest
+
+from tests.fakes import espeak_speech, silence, voiced_bounds
+from voiceagent.audio import FRAME_SAMPLES, frames
+from voiceagent.vad import Endpointer, VadEdge, VadOptions, load_silero
+
+FRAME_NS = 20_000_000
+SENTENCES = [
+    "Please book a table for four people at the Italian restaurant on Friday evening.",
+    "Remind me to call my sister after lunch on Sunday.",
+]
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
+    directory = tmp_path_factory.mktemp("speech")
+    return [espeak_speech(text, directory) for text in SENTENCES]
+
+
+def run(audio: np.ndarray, endpointer: Endpointer | None = None, t0_ns: int = 0) -> list[VadEdge]:
+    endpointer = endpointer or Endpointer()
+    return [e for i, f in enumerate(frames(audio)) for e in endpointer.push(f, t0_ns + i * FRAME_NS)]
+
+
+def test_finds_the_start_and_the_end_of_each_sentence(speech: list[np.ndarray]) -> None:
+    for clip in speech:
+        audio = np.concatenate([silence(1.0), clip, silence(1.0)])
+        start_s, end_s = voiced_bounds(audio)
+        edges = run(audio)
+        assert [e.kind for e in edges] == ["speech_start", "speech_end"]
+        start, end = edges
+        # Silero scores 32 ms chunks: the edges land within a chunk or two of the audible speech.
+        assert -0.06 <= start.t_ns / 1e9 - start_s <= 0.1
+        assert -0.06 <= end.t_ns / 1e9 - end_s <= 0.12
+        assert 0.05 <= (start.confirmed_ns - start.t_ns) / 1e9 <= 0.2  # min_speech_ms plus buffering
+        assert 0.28 <= (end.confirmed_ns - end.t_ns) / 1e9 <= 0.34  # the 320 ms end-of-speech wait
+
+
+def test_the_end_of_speech_wait_is_configurable(speech: list[np.ndarray]) -> None:
+    audio = np.concatenate([silence(0.5), speech[1], silence(1.5)])
+    end = run(audio, Endpointer(VadOptions(end_silence_ms=800)))[-1]
+    assert end.kind == "speech_end" and 0.76 <= (end.confirmed_ns - end.t_ns) / 1e9 <= 0.82
+
+
+def test_two_sentences_with_a_pause_are_two_utterances_and_times_follow_t_ns(
+    speech: list[np.ndarray],
+) -> None:
+    audio = np.concatenate([silence(0.5), speech[0], silence(1.0), speech[1], silence(1.0)])
+    edges = run(audio, t0_ns=7_000_000_000)
+    assert [e.kind for e in edges] == ["speech_start", "speech_end"] * 2
+    second_start = (0.5 + len(speech[0]) / 16000 + 1.0) + voiced_bounds(speech[1])[0]
+    assert abs(edges[2].t_ns / 1e9 - 7.0 - second_start) <= 0.1
+
+
+def test_silence_noise_and_tones_do_not_trigger() -> None:
+    rng = np.random.default_rng(0)
+    seconds = np.arange(3 * 16000) / 16000
+    clips = {
+        "silence": silence(3.0),
+        "white noise": (rng.standard_normal(3 * 16000) * 3000).astype(np.int16),
+        "440 Hz": (16000 * np.sin(2 * np.pi * 440 * seconds)).astype(np.int16),
+        "1 kHz": (8000 * np.sin(2 * np.pi * 1000 * seconds)).astype(np.int16),
+    }
+    for name, audio in clips.items():
+        endpointer = Endpointer()
+        assert run(audio, endpointer) == [], name
+        assert not endpointer.speaking()
+
+
+def test_the_echo_guard_ignores_quiet_speech_but_not_a_user_talking_over_it(
+    speech: list[np.ndarray],
+) -> None:
+    audio = np.concatenate([silence(0.5), speech[0], silence(1.0)])
+    echo = (audio * 0.03).astype(np.int16)  # -30 dB: the agent's own voice coming back down a phone line
+    assert [e.kind for e in run(echo)] == ["speech_start", "speech_end"]  # Silero alone cannot tell
+    guarded = Endpointer()
+    guarded.set_guard(True)
+    assert run(echo, guarded) == []
+    guarded.reset()
+    start = run(audio, guarded)[0]
+    assert start.kind == "speech_start"
+    assert (start.confirmed_ns - start.t_ns) / 1e6 >= VadOptions().guard_min_speech_ms - 20
+
+
+def test_speaking_silence_and_reset(speech: list[np.ndarray]) -> None:
+    endpointer = Endpointer()
+    voiced_end = int(voiced_bounds(speech[1])[1] * 16000)
+    audio = np.concatenate([silence(0.5), speech[1][:voiced_end]])
+    run(audio, endpointer)
+    assert endpointer.speaking() and endpointer.silence_ms() < 100
+    run(silence(0.2), endpointer, t0_ns=len(audio) * 62_500)
+    assert endpointer.speaking() and 150 <= endpointer.silence_ms() <= 260
+    endpointer.reset()
+    assert not endpointer.speaking() and endpointer.silence_ms() == 0
+
+
+def test_the_model_is_loaded_once_and_shared() -> None:
+    assert load_silero() is load_silero()
+    first, second = Endpointer(), Endpointer()
+    run(silence(0.1), first)
+    run(silence(0.1), second)
+    assert first._model is second._model is load_silero()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        np.zeros(FRAME_SAMPLES, dtype=np.float32),
+        np.zeros(FRAME_SAMPLES + 1, dtype=np.int16),
+        np.zeros((FRAME_SAMPLES, 2), dtype=np.int16),
+        bytes(2 * FRAME_SAMPLES),
+    ],
+)
+def test_a_bad_frame_is_a_clear_error(frame: object) -> None:
+    with pytest.raises(ValueError, match=r"\[320\] int16"):
+        Endpointer().push(frame, 0)  # type: ignore[arg-type]
+
+
+def test_bad_options_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        VadOptions(threshold=1.5)
+    with pytest.raises(ValueError, match="end_silence_ms"):
+        VadOptions(end_silence_ms=-1)
+    with pytest.raises(ValueError, match="t_ns"):
+        Endpointer().push(silence(0.02), 0.5)  # type: ignore[arg-type]
+
+
+def test_frames_keep_their_own_time_even_with_gaps(speech: list[np.ndarray]) -> None:
+    audio = np.concatenate([silence(0.5), speech[1], silence(1.0)])
+    endpointer, edges = Endpointer(), []
+    for i, frame in enumerate(frames(audio)):
+        jitter = 3_000_000 if i % 2 else 0  # transports stamp frames on arrival
+        edges += endpointer.push(frame, i * FRAME_NS + jitter)
+    start_s, end_s = voiced_bounds(audio)
+    assert abs(edges[0].t_ns / 1e9 - start_s) <= 0.1 and abs(edges[1].t_ns / 1e9 - end_s) <= 0.13
