@@ -22,7 +22,7 @@ debian:
 	scripts/install-debian-packages.sh requirements/debian.txt
 
 models: venv
-	$(PY) -m engine models prepare --install-missing
+	$(PY) -m voiceagent models prepare --install-missing
 
 demo: setup
 	$(PY) -m engine chat

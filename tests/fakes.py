@@ -212,7 +212,7 @@ class FakeRecognizer:
         words = self.text.split()[: self.frames // 10]
         return FakeTranscript(" ".join(words[:-1]), " ".join(words))
 
-    def decode_final(self) -> str:
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         if self.error is not None:
             raise self.error
         return self.text
@@ -250,6 +250,7 @@ class FakeSynthesizer:
     """Speaks each word as `word_ms` of a 440 Hz tone at 16 kHz, one chunk per word."""
 
     sample_rate = 16000
+    name = "fake"
 
     def __init__(self, word_ms: int = 100, error: Exception | None = None) -> None:
         self.word_ms, self.error = word_ms, error

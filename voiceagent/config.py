@@ -9,6 +9,8 @@
     "auto"), VOICEAGENT_QUANT and VOICEAGENT_DRAFT_QUANT ("none"; "int8", "int4" on the CPU; "fp8" on
     Hopper GPUs),
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
+    VOICEAGENT_ASR_MODEL ("tiny.en" or "base"), VOICEAGENT_TTS ("piper" or "espeak"),
+    VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE: the voice pipeline.
 
 A bad value raises pydantic's ValidationError (a ValueError) naming the variable.
 """
@@ -35,12 +37,18 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(60.0, gt=0)
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
-    gamma: int | Literal["auto"] = 4
+    # The fastest exact setting on a CPU: an adaptive draft length and an int4 draft (bench/results/).
+    # On a GPU set VOICEAGENT_DRAFT_QUANT=none (or fp8): int4 runs on the CPU kernels only.
+    gamma: int | Literal["auto"] = "auto"
     quant: Literal["none", "int8", "int4", "fp8"] = "none"
-    draft_quant: Literal["none", "int8", "int4", "fp8"] = "none"
+    draft_quant: Literal["none", "int8", "int4", "fp8"] = "int4"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
+    asr_model: str = "tiny.en"  # or "base" (multilingual), or a CTranslate2 Whisper directory
+    tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
+    end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn
+    output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
 
     @field_validator("llm")
     @classmethod

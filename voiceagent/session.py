@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, resample
+from voiceagent.audio import FRAME_MS, FRAME_SAMPLES
 from voiceagent.clock import Clock
 from voiceagent.events import (
     Event,
@@ -44,7 +45,9 @@ from voiceagent.llm import LLM, ReplyOptions
 from voiceagent.spoken import SpokenReply
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, SynthesizerLike, VadEdgeLike
 from voiceagent.trace import Trace
+from voiceagent.tts import synthesize_at
 
+_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="voice-tts")
 SPEECH_SYSTEM_PROMPT = (
     "You are a friendly voice assistant talking with someone on a call. Answer in one or two short "
     "spoken sentences. Use plain words only: no lists, no markdown, no code, no emoji."
@@ -56,9 +59,19 @@ class SessionOptions:
     system_prompt: str = SPEECH_SYSTEM_PROMPT
     output_rate: int = 16000  # the transport's rate for the agent's audio
     partial_every_ms: int = 300  # partial transcripts while the user speaks
-    lookback_ms: int = 300  # audio before a confirmed speech_start that still goes to ASR
     echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
+
+
+async def _next_in_thread(chunks: Iterator[np.ndarray]) -> np.ndarray | None:
+    """The generator's next item, computed in a worker thread. If the caller is cancelled (barge-in), the
+    generator is closed as soon as the thread lets go of it, which stops a TTS subprocess at once."""
+    job = _EXECUTOR.submit(next, chunks, None)
+    try:
+        return await asyncio.wrap_future(job)
+    except asyncio.CancelledError:
+        job.add_done_callback(lambda _: chunks.close() if isinstance(chunks, Generator) else None)
+        raise
 
 
 class Session:
@@ -82,17 +95,15 @@ class Session:
         self.state = "listening"  # listening | thinking | speaking
         self._events: asyncio.Queue[Event | None] = asyncio.Queue()
         self._dropped_turns: set[int] = set()
-        self._recent: deque[tuple[int, np.ndarray]] = deque(
-            maxlen=max(1, self.options.lookback_ms // FRAME_MS)
-        )
         self._utterance_open = False
-        self._pending: list[np.ndarray] = []  # frames that arrived while a decode was running
         self._decoding: asyncio.Task[None] | None = None
         self._last_partial_ns = 0
         self._reply: asyncio.Task[None] | None = None
         self._spoken: dict[int, SpokenReply] = {}
         self._first_out: set[int] = set()
         self._answered = 0  # the turn whose whole reply is the history's last message
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ----- input -----------------------------------------------------------------------------------
 
@@ -101,16 +112,15 @@ class Session:
         if frame.shape != (FRAME_SAMPLES,) or frame.dtype != np.int16:
             raise ValueError(f"audio frames must be [{FRAME_SAMPLES}] int16, got {frame.shape} {frame.dtype}")
         t = self.clock.now_ns() if t_ns is None else t_ns
-        self._recent.append((t, frame))
-        started = False
+        # Every frame goes to the recogniser: before speech_start it keeps them as pre-roll, since the VAD
+        # decides a start only after some voiced audio.
+        self.recognizer.push(frame)
         for edge in self.endpointer.push(frame, t):
             if edge.kind == "speech_start":
                 self._start_utterance(edge)
-                started = True
             elif edge.kind == "speech_end":
                 self._end_utterance(edge)
-        if self._utterance_open and not started:
-            self._feed_recognizer(frame)
+        if self._utterance_open:
             if (
                 t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000
                 and self._decoding is None
@@ -125,7 +135,7 @@ class Session:
         self.turn += 1
         self._emit(TranscriptFinal(self.clock.now_ns(), self.turn, text))
         self.trace.write("asr.final", self.turn, text=text, typed=True)
-        self._reply = asyncio.create_task(self._respond(self.turn, text))
+        self._start_reply(self._respond(self.turn, text))
 
     # ----- output ----------------------------------------------------------------------------------
 
@@ -154,6 +164,17 @@ class Session:
         if turn == self.turn and not self._replying():
             self.state = "listening"
             self.endpointer.set_guard(False)
+        self._update_idle()
+
+    async def wait_idle(self) -> None:
+        """Returns once nobody is speaking: no utterance open, no reply pending, all reply audio played."""
+        await self._idle.wait()
+
+    def _update_idle(self) -> None:
+        if self._utterance_open or self._replying():
+            self._idle.clear()
+        else:
+            self._idle.set()
 
     async def close(self) -> None:
         for task in (self._reply, self._decoding):
@@ -168,16 +189,10 @@ class Session:
     def _emit(self, event: Event) -> None:
         self._events.put_nowait(event)
 
-    def _feed_recognizer(self, frame: np.ndarray) -> None:
-        if self._decoding is not None:  # the recogniser's buffer is being read in a worker thread
-            self._pending.append(frame)
-        else:
-            self.recognizer.push(frame)
-
-    def _flush_pending(self) -> None:
-        for frame in self._pending:
-            self.recognizer.push(frame)
-        self._pending.clear()
+    @property
+    def replying(self) -> bool:
+        """The agent is thinking, speaking, or its audio is still playing at the transport."""
+        return self._replying()
 
     def _replying(self) -> bool:
         """The agent is thinking, speaking, or its audio is still playing at the transport."""
@@ -194,11 +209,7 @@ class Session:
         self._utterance_open = True
         self._last_partial_ns = edge.confirmed_ns
         self.recognizer.start()
-        self._pending.clear()
-        lookback_from = edge.t_ns - self.options.lookback_ms * 1_000_000
-        for t, frame in self._recent:
-            if t >= lookback_from:
-                self._feed_recognizer(frame)
+        self._update_idle()
         self._emit(SpeechStarted(edge.t_ns, self.turn))
         self.trace.write("vad.speech_start", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
 
@@ -206,7 +217,14 @@ class Session:
         self._utterance_open = False
         self._emit(SpeechEnded(edge.t_ns, self.turn, confirmed_ns=edge.confirmed_ns))
         self.trace.write("vad.speech_end", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
-        self._reply = asyncio.create_task(self._finalize_and_respond(self.turn))
+        # Audio pushed after the last voiced frame, up to the frame that confirmed the end.
+        trailing_ms = (edge.confirmed_ns + FRAME_MS * 1_000_000 - edge.t_ns) / 1e6
+        self._start_reply(self._finalize_and_respond(self.turn, trailing_ms))
+
+    def _start_reply(self, work: Coroutine[Any, Any, None]) -> None:
+        self._reply = asyncio.create_task(work)
+        self._reply.add_done_callback(lambda _: self._update_idle())
+        self._update_idle()
 
     async def _partial(self, turn: int) -> None:
         try:
@@ -218,15 +236,10 @@ class Session:
             self.trace.write("asr.partial_error", turn, message=str(error))
         finally:
             self._decoding = None
-            self._flush_pending()
 
-    async def _finalize_and_respond(self, turn: int) -> None:
-        if self._decoding is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self._decoding)
-        self._flush_pending()
+    async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:
-            text = (await asyncio.to_thread(self.recognizer.decode_final)).strip()
+            text = (await asyncio.to_thread(self.recognizer.decode_final, trailing_ms)).strip()
         except Exception as error:
             self._fail(turn, "asr", error)
             return
@@ -282,9 +295,8 @@ class Session:
         spoken = self._spoken.setdefault(turn, SpokenReply())
         while (phrase := await phrases.get()) is not None:
             self._emit(Phrase(self.clock.now_ns(), turn, phrase))
-            chunks = iter(self.synthesizer.synthesize(phrase))
-            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-                samples = resample(chunk, self.synthesizer.sample_rate, rate)
+            chunks = synthesize_at(self.synthesizer, phrase, rate)  # one resampler across the phrase
+            while (samples := await _next_in_thread(chunks)) is not None:
                 if not spoken.phrases:
                     self.trace.write("tts.first_audio", turn, phrase=phrase)
                     self.state = "speaking"

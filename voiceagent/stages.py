@@ -6,7 +6,7 @@ tts.Synthesizer) and one fake in tests/fakes.py; the session knows only these sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -24,7 +24,7 @@ class VadEdgeLike(Protocol):
 
 
 class EndpointerLike(Protocol):
-    def push(self, frame: np.ndarray, t_ns: int) -> list[VadEdgeLike]: ...
+    def push(self, frame: np.ndarray, t_ns: int) -> Sequence[VadEdgeLike]: ...
 
     def speaking(self) -> bool: ...
 
@@ -40,7 +40,9 @@ class TranscriptLike(Protocol):
 
 
 class RecognizerLike(Protocol):
-    """Synchronous and CPU-heavy: the session calls decode_* in worker threads."""
+    """Synchronous and CPU-heavy: the session calls decode_* in worker threads. `push` takes every frame;
+    before `start` it keeps them as pre-roll. `decode_final` is told how much audio after the end of
+    speech it holds, so it can reuse a partial that already heard everything."""
 
     def start(self) -> None: ...
 
@@ -48,7 +50,7 @@ class RecognizerLike(Protocol):
 
     def decode_partial(self) -> TranscriptLike: ...
 
-    def decode_final(self) -> str: ...
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str: ...
 
 
 class ChunkerLike(Protocol):
@@ -59,5 +61,6 @@ class ChunkerLike(Protocol):
 
 class SynthesizerLike(Protocol):
     sample_rate: int
+    name: str
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]: ...

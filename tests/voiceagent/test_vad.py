@@ -1,7 +1,6 @@
 """Endpointing on the real Silero model and real (espeak-ng) speech: edges where the speech is, none for
 silence, tone or noise, a configurable end-of-speech wait, and an echo guard that ignores quiet speech."""
 
-
 import numpy as np
 import pytest
 

