@@ -11,12 +11,26 @@
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
     VOICEAGENT_ASR_MODEL ("tiny.en" or "base"), VOICEAGENT_TTS ("piper" or "espeak"),
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE: the voice pipeline.
+    VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
+    VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
+                             `?token=KEY`)
+    VOICEAGENT_ALLOWED_ORIGINS  comma-separated browser origins allowed on /ws and signalling, e.g.
+                             "https://example.com,http://localhost:3000"; "*" allows any; empty (the
+                             default) allows the server's own origin and clients that send no Origin
+    VOICEAGENT_MAX_SESSIONS, VOICEAGENT_IDLE_TIMEOUT_S, VOICEAGENT_MAX_MESSAGE_BYTES: gateway limits.
+    VOICEAGENT_TWILIO_AUTH_TOKEN  when set, Twilio's X-Twilio-Signature is checked on /twilio/voice and
+                             /twilio; VOICEAGENT_PUBLIC_URL (e.g. https://agent.example.com) is the URL
+                             Twilio calls, for the TwiML stream URL and the signature (default: the
+                             request's own Host and X-Forwarded-Proto).
+    VOICEAGENT_WEB_DIR (the browser demo's static files), VOICEAGENT_TRACE_DIR (one JSONL trace per
+    gateway session, off by default).
 
 A bad value raises pydantic's ValidationError (a ValueError) naming the variable.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -49,6 +63,18 @@ class Settings(BaseSettings):
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
+    # The gateway (`voiceagent serve`).
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: SecretStr | None = None
+    allowed_origins: str = ""
+    max_sessions: int = Field(4, ge=1)  # one engine is shared: more sessions share its time
+    idle_timeout_s: float = Field(60.0, gt=0)  # nothing from the client this long (and no reply) -> closed
+    max_message_bytes: int = Field(65536, ge=1024)  # one WebSocket message (1 s of 16 kHz PCM16 = 32000)
+    twilio_auth_token: SecretStr | None = None
+    public_url: str | None = None
+    web_dir: Path | None = None  # default: web/ beside the voiceagent package
+    trace_dir: Path | None = None
 
     @field_validator("llm")
     @classmethod
@@ -70,6 +96,21 @@ class Settings(BaseSettings):
         if isinstance(value, int) and value < 0:
             raise ValueError(f"VOICEAGENT_GAMMA must be >= 0 or 'auto', got {value}")
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"VOICEAGENT_PUBLIC_URL must be an http(s) URL, got {value!r}")
+        return value.strip().rstrip("/")
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        """The allowed browser origins (see VOICEAGENT_ALLOWED_ORIGINS), without trailing slashes."""
+        return tuple(o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip())
 
     @property
     def llm_is_local(self) -> bool:
