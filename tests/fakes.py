@@ -332,3 +332,37 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
         for j, h in enumerate(hyp, 1):
             row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (r != h))
     return row[-1] / max(1, len(ref))
+
+
+class FakePipeline:
+    """`Pipeline.new_session` on the fakes above, for gateway tests: every session hears `transcript` and
+    answers `blocks`, each word spoken as `word_ms` of tone. The sessions made are kept in `sessions`."""
+
+    def __init__(
+        self,
+        blocks: Sequence[str] = ("Hi,", " nice", " to meet", " you."),
+        transcript: str = "hello there",
+        word_ms: int = 100,
+        llm_delay_s: float = 0.0,
+    ) -> None:
+        self.blocks, self.transcript, self.word_ms, self.llm_delay_s = blocks, transcript, word_ms, llm_delay_s
+        self.sessions: list[Any] = []
+
+    def new_session(self, clock: Any, trace: Any, options: Any = None) -> Any:
+        from voiceagent.session import Session
+
+        session = Session(
+            endpointer=FakeEndpointer(),
+            recognizer=FakeRecognizer(self.transcript),
+            llm=FakeLLM(self.blocks, delay_s=self.llm_delay_s),
+            synthesizer=FakeSynthesizer(self.word_ms),
+            new_chunker=WordChunker,
+            clock=clock,
+            trace=trace,
+            options=options,
+        )
+        self.sessions.append(session)
+        return session
+
+    async def warm_up(self) -> None:
+        return None

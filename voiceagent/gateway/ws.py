@@ -1,0 +1,227 @@
+"""`/ws`: the project's own WebSocket API (docs/protocol.md).
+
+The client sends `session.start` (its audio format), then binary PCM16 mono frames at its rate, and may
+type (`input.text`) or leave (`session.end`). The server sends the session's events as JSON and the
+agent's voice as binary PCM16 at the client's rate, paced in real time (`Playout`), whose clock tells the
+session what has been heard. Bad input gets an `error` event and the connection carries on; only a
+refused client (key, origin, session cap) or an idle one is closed, with a close code and a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from starlette.websockets import WebSocket
+
+from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
+from voiceagent.gateway.channel import Channel, Idle
+from voiceagent.gateway.codes import Close
+from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
+from voiceagent.gateway.inbound import InboundAudio, frame_starts
+from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.security import check_client
+from voiceagent.gateway.ws_protocol import (
+    PROTOCOL_VERSION,
+    InputText,
+    ProtocolError,
+    SessionEnd,
+    SessionStart,
+    error_message,
+    event_message,
+    parse_client_message,
+)
+from voiceagent.session import SessionOptions
+
+log = logging.getLogger("voiceagent.gateway")
+LEAD_MS = 100  # how far the agent's audio runs ahead of the listener (the client's playback buffer)
+
+
+async def ws_endpoint(websocket: WebSocket) -> None:
+    hub: SessionHub = websocket.app.state.hub
+    refusal = check_client(websocket, hub.settings)
+    await websocket.accept()
+    channel = Channel(websocket, hub.settings.idle_timeout_s)
+    if refusal is not None:
+        hub.metrics.sessions_refused.labels("ws", refusal.close_code.name.lower()).inc()
+        await channel.close(refusal.close_code, refusal.reason)
+        return
+    try:
+        await _Connection(channel, hub).run()
+    except Idle as idle:
+        await channel.close(Close.IDLE, str(idle))
+    except Exception:
+        log.exception("a /ws session failed")
+        await channel.close(Close.INTERNAL, "internal error; the session ended")
+    await channel.close(Close.NORMAL, "session ended")
+
+
+class _Connection:
+    def __init__(self, channel: Channel, hub: SessionHub) -> None:
+        self.channel, self.hub = channel, hub
+        self.max_bytes = hub.settings.max_message_bytes
+
+    async def error(self, code: str, message: str, **extra: object) -> None:
+        await self.channel.send_json(error_message(code, message, **extra))
+
+    async def run(self) -> None:
+        start = await self._until_start()
+        if start is None:
+            return
+        try:
+            session = self.hub.open("ws", SessionOptions(output_rate=start.sample_rate))
+            async with session as live:
+                await self._serve(live, start)
+        except SessionLimitError as error:
+            await self.error("session_limit", str(error))
+            await self.channel.close(Close.TRY_AGAIN_LATER, "session limit reached")
+
+    async def _receive(self, live: LiveSession | None = None) -> str | bytes | None:
+        """The next message within the size limit (oversized ones get an error and are skipped)."""
+        busy = (lambda: live.session.replying) if live is not None else (lambda: False)
+        while (message := await self.channel.receive(busy)) is not None:
+            size = len(message) if isinstance(message, bytes) else len(message.encode())
+            if size <= self.max_bytes:
+                return message
+            await self.error(
+                "message_too_large", f"a message is limited to {self.max_bytes} bytes, got {size}"
+            )
+        return None
+
+    async def _until_start(self) -> SessionStart | None:
+        while (message := await self._receive()) is not None:
+            if isinstance(message, bytes):
+                await self.error("not_started", "send session.start before audio")
+                continue
+            try:
+                parsed = parse_client_message(message)
+            except ProtocolError as error:
+                await self.error(error.code, error.message)
+                continue
+            if isinstance(parsed, SessionStart):
+                return parsed
+            if isinstance(parsed, SessionEnd):
+                return None
+            await self.error("not_started", "send session.start first")
+        return None
+
+    async def _serve(self, live: LiveSession, start: SessionStart) -> None:
+        session = live.session
+        inbound = InboundAudio(start.sample_rate)
+        outbound = _Outbound(self.channel, live, start.sample_rate)
+        await self.channel.send_json(
+            {
+                "type": "session.started",
+                "version": PROTOCOL_VERSION,
+                "session_id": live.id,
+                "audio": {"encoding": "pcm16", "sample_rate": start.sample_rate},
+            }
+        )
+        tasks = [asyncio.create_task(outbound.pump()), asyncio.create_task(outbound.playout.run())]
+        for task in tasks:
+            task.add_done_callback(self._on_task_done)
+        try:
+            while (message := await self._receive(live)) is not None:
+                if isinstance(message, bytes):
+                    await self._audio(live, inbound, message)
+                    continue
+                try:
+                    parsed = parse_client_message(message)
+                except ProtocolError as error:
+                    await self.error(error.code, error.message)
+                    continue
+                if isinstance(parsed, InputText):
+                    await session.push_text(parsed.text)
+                elif isinstance(parsed, SessionEnd):
+                    return
+                else:
+                    await self.error("already_started", "the session has started; send session.end first")
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        """A sending task that fails ends this connection (closing it ends the receive loop)."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("a /ws sending task failed", exc_info=error)
+            asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the session ended"))
+
+    async def _audio(self, live: LiveSession, inbound: InboundAudio, data: bytes) -> None:
+        try:
+            frames = inbound.push_pcm16(data)
+        except ValueError as error:
+            await self.error("bad_audio", str(error))
+            return
+        now = self.hub.clock.now_ns()
+        for frame, t_ns in zip(frames, frame_starts(now, len(frames)), strict=True):
+            await live.session.push_audio(frame, t_ns)
+
+
+class _Outbound:
+    """Session events -> JSON events and paced binary audio for one /ws client."""
+
+    def __init__(self, channel: Channel, live: LiveSession, rate: int) -> None:
+        self.channel, self.live, self.rate = channel, live, rate
+        self.playout = Playout(
+            live.session.clock,
+            rate,
+            self._send_audio,
+            self._turn_sent,
+            lead_ms=LEAD_MS,
+            on_played=live.session.audio_played,
+        )
+        self._audio_open: set[int] = set()  # turns between agent.audio.start and agent.audio.end
+
+    async def pump(self) -> None:
+        async for event in self.live.events():
+            await self._dispatch(event)
+
+    async def _dispatch(self, event: Event) -> None:
+        turn = event.turn_id
+        if isinstance(event, SpeechAudio):
+            self.playout.push(event)
+        elif isinstance(event, TurnEnded):
+            self.playout.end_turn(turn, "done" if event.reason == "done" else event.reason)
+        elif isinstance(event, TurnError):
+            await self.channel.send_json(
+                error_message("turn_failed", event.message, stage=event.stage, turn=turn)
+            )
+            self.playout.end_turn(turn, "error")
+        elif isinstance(event, Interrupted):
+            self.playout.clear()
+            await self._audio_end(turn, interrupted=True)
+            await self.channel.send_json(
+                {"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text}
+            )
+            await self._metrics(turn, "interrupted")
+        elif (message := event_message(event)) is not None:
+            await self.channel.send_json(message)
+
+    async def _send_audio(self, chunk: OutChunk) -> None:
+        if chunk.first_of_turn:
+            self._audio_open.add(chunk.turn)
+            await self.channel.send_json(
+                {"type": "agent.audio.start", "turn": chunk.turn, "sample_rate": self.rate}
+            )
+        if chunk.first_of_source:
+            self.live.session.audio_sent(chunk.source)
+        await self.channel.send_bytes(chunk.samples.astype("<i2", copy=False).tobytes())
+
+    async def _turn_sent(self, turn: int, outcome: str) -> None:
+        await self._audio_end(turn)
+        await self._metrics(turn, outcome)
+
+    async def _audio_end(self, turn: int, interrupted: bool = False) -> None:
+        if turn in self._audio_open:
+            self._audio_open.discard(turn)
+            samples = self.playout.sent_samples(turn)
+            await self.channel.send_json(
+                {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
+            )
+
+    async def _metrics(self, turn: int, outcome: str) -> None:
+        if (payload := self.live.finish_turn(turn, outcome)) is not None:
+            await self.channel.send_json({"type": "turn.metrics", **payload})

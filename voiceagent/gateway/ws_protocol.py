@@ -1,0 +1,116 @@
+"""The /ws wire format (docs/protocol.md): client messages parsed into types, session events into JSON.
+
+`parse_client_message(text)` raises `ProtocolError(code, message)` for anything it cannot take; the
+transport answers it with an `error` event and carries on. `event_message(event)` is the JSON a session
+event becomes, or None for events that travel otherwise (audio as binary frames) or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from voiceagent.events import (
+    Event,
+    ReplyText,
+    SpeechEnded,
+    SpeechStarted,
+    TranscriptFinal,
+    TranscriptPartial,
+)
+from voiceagent.gateway.inbound import SUPPORTED_RATES
+
+PROTOCOL_VERSION = 1
+MAX_TEXT_CHARS = 2000
+
+
+class ProtocolError(ValueError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class SessionStart:
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class InputText:
+    text: str
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    pass
+
+
+ClientMessage = SessionStart | InputText | SessionEnd
+
+
+def parse_client_message(raw: str) -> ClientMessage:
+    try:
+        message = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ProtocolError("bad_json", f"a text message must be a JSON object: {error}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("bad_json", "a text message must be a JSON object")
+    kind = message.get("type")
+    if kind == "session.start":
+        return _session_start(message)
+    if kind == "input.text":
+        text = message.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise ProtocolError("bad_message", "input.text needs a non-empty string 'text'")
+        if len(text) > MAX_TEXT_CHARS:
+            raise ProtocolError("bad_message", f"input.text is limited to {MAX_TEXT_CHARS} characters")
+        return InputText(text.strip())
+    if kind == "session.end":
+        return SessionEnd()
+    raise ProtocolError(
+        "unknown_type", f"unknown message type {str(kind)[:40]!r} (session.start, input.text, session.end)"
+    )
+
+
+def _session_start(message: dict[str, Any]) -> SessionStart:
+    version = message.get("version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("unsupported_version", f"this server speaks version {PROTOCOL_VERSION}")
+    audio = message.get("audio", {"encoding": "pcm16", "sample_rate": 16000})
+    if not isinstance(audio, dict):
+        raise ProtocolError("bad_message", "session.start 'audio' must be an object")
+    if audio.get("encoding", "pcm16") != "pcm16":
+        raise ProtocolError("unsupported_audio", "audio.encoding must be 'pcm16' (16-bit little-endian mono)")
+    rate = audio.get("sample_rate", 16000)
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate not in SUPPORTED_RATES:
+        rates = ", ".join(map(str, SUPPORTED_RATES))
+        raise ProtocolError("unsupported_audio", f"audio.sample_rate must be one of {rates}, got {rate!r}")
+    return SessionStart(rate)
+
+
+def event_message(event: Event) -> dict[str, Any] | None:
+    """The JSON for a session event that travels as one (see docs/protocol.md), else None."""
+    turn = event.turn_id
+    if isinstance(event, SpeechStarted):
+        return {"type": "vad.speech_start", "turn": turn}
+    if isinstance(event, SpeechEnded):
+        return {"type": "vad.speech_end", "turn": turn}
+    if isinstance(event, TranscriptPartial):
+        return {"type": "transcript.partial", "turn": turn, "text": event.text, "stable": event.stable}
+    if isinstance(event, TranscriptFinal):
+        return {"type": "transcript.final", "turn": turn, "text": event.text}
+    if isinstance(event, ReplyText):
+        return {
+            "type": "agent.block",
+            "turn": turn,
+            "text": event.text,
+            "n_drafted": event.n_drafted,
+            "n_accepted": event.n_accepted,
+            "first": event.first,
+        }
+    return None
+
+
+def error_message(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message, **extra}
