@@ -1,0 +1,251 @@
+"""One browser over WebRTC: its peer connection, its voice session, and the events between them.
+
+The browser's microphone arrives as an Opus track; its frames go to the session as 20 ms PCM16 16 kHz.
+The agent's voice leaves as an Opus track fed by a `Playout` (at most `lead_ms` ahead of the track, so a
+barge-in flushes little) into an `OutboundAudioTrack`, which is the output clock and reports played
+samples to the session. Events travel as JSON on the data channel the browser opened ("events"), the
+same messages as on /ws (docs/protocol.md); the browser sends `input.text` and `session.end` there too.
+
+The peer ends when the browser says `session.end`, closes the channel or the connection, when ICE has
+not connected within `CONNECT_TIMEOUT_S`, or when the gateway shuts down; every task is cancelled and
+awaited, the connection closed, and the session's slot freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import av
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from voiceagent.clock import Clock
+from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
+from voiceagent.gateway.hub import LiveSession, SessionHub
+from voiceagent.gateway.inbound import InboundAudio
+from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.webrtc_tracks import OutboundAudioTrack, frame_to_mono_pcm16
+from voiceagent.gateway.ws_protocol import (
+    PROTOCOL_VERSION,
+    InputText,
+    ProtocolError,
+    SessionEnd,
+    error_message,
+    event_message,
+    parse_client_message,
+)
+from voiceagent.session import SessionOptions
+
+OPUS_RATE = 48000  # the agent speaks at Opus's own rate: one resampling, in TTS
+CONNECT_TIMEOUT_S = 20.0
+LEAD_MS = 100  # how far the playout runs ahead of the track: what a barge-in has to drop
+EVENTS_CHANNEL = "events"
+
+
+class WebRtcPeer:
+    """Answers one offer and runs the session until the browser leaves (see the module docstring)."""
+
+    def __init__(self, hub: SessionHub, clock: Clock, max_message_bytes: int) -> None:
+        self.hub, self.clock, self.max_message_bytes = hub, clock, max_message_bytes
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.track = OutboundAudioTrack(clock, OPUS_RATE, self._played)
+        self.session_id = ""
+        self._live: LiveSession | None = None
+        self._channel: RTCDataChannel | None = None
+        self._unsent: list[dict[str, Any]] = []  # events before the data channel opened
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ended = asyncio.Event()
+        self._audio_open: set[int] = set()  # turns between agent.audio.start and agent.audio.end
+        self.playout = Playout(clock, OPUS_RATE, self._send_chunk, self._turn_sent, lead_ms=LEAD_MS)
+
+    async def run(
+        self, offer: RTCSessionDescription, answered: asyncio.Future[RTCSessionDescription]
+    ) -> None:
+        """Opens the session (the hub's cap applies), sets `answered` to the answer, and runs until the
+        browser leaves. An error before the answer (a full hub, a bad offer) goes to `answered`."""
+        try:
+            async with self.hub.open("webrtc", SessionOptions(output_rate=OPUS_RATE)) as live:
+                self._live, self.session_id = live, live.id
+                answer = await self._answer(offer)
+                answered.set_result(answer)
+                await self._serve(live)
+        except Exception as error:
+            if not answered.done():
+                answered.set_exception(error)
+                return
+            raise
+        finally:
+            if not answered.done():  # cancelled while answering: the server is shutting down
+                answered.set_exception(ConnectionError("the server closed the session before answering"))
+            await self._shut_down()
+
+    def end(self) -> None:
+        self._ended.set()
+
+    # ----- connection ------------------------------------------------------------------------------
+
+    async def _answer(self, offer: RTCSessionDescription) -> RTCSessionDescription:
+        self.pc.addTrack(self.track)
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_channel)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+        await self.pc.setRemoteDescription(offer)
+        # aiortc gathers every candidate inside setLocalDescription: the answer is complete (no trickle).
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription
+
+    async def _serve(self, live: LiveSession) -> None:
+        self._start(self._pump_events(live))
+        self._start(self.playout.run())
+        self._start(self._connect_timeout())
+        await self._ended.wait()
+
+    async def _connect_timeout(self) -> None:
+        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        if self.pc.connectionState != "connected":
+            self.end()
+
+    def _on_connection_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self.end()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._start(self._pump_microphone(track))
+
+    def _on_channel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_CHANNEL:
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        channel.on("close", self.end)
+        started = {
+            "type": "session.started",
+            "version": PROTOCOL_VERSION,
+            "session_id": self.session_id,
+            "transport": "webrtc",
+            "audio": {"encoding": "opus", "sample_rate": OPUS_RATE},
+        }
+        pending, self._unsent = self._unsent, []
+        for message in [started, *pending]:
+            self._send(message)
+
+    async def _shut_down(self) -> None:
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.track.stop()
+        await self.pc.close()
+
+    def _start(self, work: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A bug in this peer: tell the browser in words and end this session only.
+            self._send(error_message("internal", f"the WebRTC session failed: {task.exception()}"))
+            self.end()
+
+    # ----- in ------------------------------------------------------------------------------------------
+
+    async def _pump_microphone(self, track: MediaStreamTrack) -> None:
+        assert self._live is not None
+        inbound: InboundAudio | None = None
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return  # the browser stopped sending
+            if not isinstance(frame, av.AudioFrame):
+                continue
+            if inbound is None or inbound.rate != frame.sample_rate:
+                inbound = InboundAudio(frame.sample_rate)
+            for pcm in inbound.push(frame_to_mono_pcm16(frame)):
+                await self._live.session.push_audio(pcm)
+
+    def _on_message(self, raw: str | bytes) -> None:
+        assert self._live is not None
+        if isinstance(raw, bytes) or len(raw) > self.max_message_bytes:
+            self._send(error_message("bad_message", "the events channel takes JSON text messages only"))
+            return
+        try:
+            message = parse_client_message(raw)
+        except ProtocolError as error:
+            self._send(error_message(error.code, error.message))
+            return
+        if isinstance(message, InputText):
+            self._start(self._live.session.push_text(message.text))
+        elif isinstance(message, SessionEnd):
+            self.end()
+        else:
+            self._send(error_message("bad_message", "over WebRTC the session starts with the offer"))
+
+    # ----- out -----------------------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        channel = self._channel
+        if channel is None or channel.readyState == "connecting":
+            self._unsent.append(message)
+        elif channel.readyState == "open":
+            channel.send(json.dumps(message))
+
+    async def _pump_events(self, live: LiveSession) -> None:
+        async for event in live.events():
+            self._on_event(event)
+
+    def _on_event(self, event: Event) -> None:
+        turn = event.turn_id
+        if isinstance(event, SpeechAudio):
+            self.playout.push(event)
+        elif isinstance(event, TurnEnded):
+            self.playout.end_turn(turn, event.reason)
+        elif isinstance(event, TurnError):
+            self._send(error_message("turn_failed", event.message, stage=event.stage, turn=turn))
+            self.playout.end_turn(turn, "error")
+        elif isinstance(event, Interrupted):
+            self.playout.clear()
+            self.track.flush()
+            self._audio_end(turn, interrupted=True)
+            self._send({"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text})
+            self._send_metrics(turn, "interrupted")
+        elif (message := event_message(event)) is not None:
+            self._send(message)
+
+    async def _send_chunk(self, chunk: OutChunk) -> None:
+        assert self._live is not None
+        if chunk.first_of_turn:
+            self._audio_open.add(chunk.turn)
+            self._send({"type": "agent.audio.start", "turn": chunk.turn, "sample_rate": OPUS_RATE})
+        if chunk.first_of_source:
+            self._live.session.audio_sent(chunk.source)
+        self.track.push(chunk.turn, chunk.samples)
+
+    async def _turn_sent(self, turn: int, outcome: str) -> None:
+        self._audio_end(turn)
+        self._send_metrics(turn, outcome)
+
+    def _audio_end(self, turn: int, interrupted: bool = False) -> None:
+        if turn in self._audio_open:
+            self._audio_open.discard(turn)
+            samples = self.playout.sent_samples(turn)
+            self._send(
+                {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
+            )
+
+    def _send_metrics(self, turn: int, outcome: str) -> None:
+        assert self._live is not None
+        if (metrics := self._live.finish_turn(turn, outcome)) is not None:
+            self._send({"type": "turn.metrics", **metrics})
+
+    def _played(self, turn: int, samples: int) -> None:
+        if self._live is not None:
+            self._live.session.audio_played(turn, samples)
