@@ -93,8 +93,8 @@ class Client:
 
     async def event(self, kind: str, timeout_s: float = 10.0, after: int = 0) -> dict[str, Any]:
         """The first event of `kind` (at index >= `after`), waiting for it."""
-        await self.wait(lambda: any(e["type"] == kind for e in self.events[after:]) or self.closed is not None,
-                        timeout_s)  # fmt: skip
+        arrived = lambda: any(e["type"] == kind for e in self.events[after:])  # noqa: E731
+        await self.wait(lambda: arrived() or self.closed is not None, timeout_s)
         for event in self.events[after:]:
             if event["type"] == kind:
                 return event

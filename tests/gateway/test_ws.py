@@ -71,7 +71,10 @@ def test_typed_input_is_answered() -> None:
             await c.send_json({"type": "input.text", "text": "What time is it?"})
             assert (await c.event("transcript.final"))["text"] == "What time is it?"
             await c.event("turn.metrics")
-            assert pipeline.sessions[0].history[-1] == {"role": "assistant", "content": "Hi, nice to meet you."}
+            assert pipeline.sessions[0].history[-1] == {
+                "role": "assistant",
+                "content": "Hi, nice to meet you.",
+            }
 
     asyncio.run(scenario())
 
@@ -124,7 +127,10 @@ def test_bad_input_gets_errors_and_the_session_carries_on() -> None:
             assert await error_for(b"\x00\x01" * 160) == "not_started"
             assert await error_for({"type": "input.text", "text": "hi"}) == "not_started"
             assert await error_for(start(12345)) == "unsupported_audio"
-            assert await error_for({"type": "session.start", "audio": {"encoding": "opus"}}) == "unsupported_audio"
+            assert (
+                await error_for({"type": "session.start", "audio": {"encoding": "opus"}})
+                == "unsupported_audio"
+            )
             assert await error_for({"type": "session.start", "version": 7}) == "unsupported_version"
             await c.send_json(start())
             await c.event("session.started")
