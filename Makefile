@@ -24,8 +24,10 @@ debian:
 models: venv
 	$(PY) -m voiceagent models prepare --install-missing
 
+# The voice demo in the browser on the bundled models: open the URL it prints (http://127.0.0.1:8000).
 demo: setup
-	$(PY) -m engine chat
+	@echo "voiceagent: loading the models; the demo will be on http://127.0.0.1:8000"
+	$(PY) -m voiceagent serve --host 127.0.0.1 --port 8000
 
 lint: venv
 	$(VENV)/bin/ruff check engine voiceagent tests
