@@ -21,7 +21,7 @@ const state = {transport: null, microphone: null, events: [], turns: new Map(), 
 window.voiceagent = {
   get transport() { return state.transport ? state.transport.name : null; },
   get events() { return state.events; },
-  receivedAudio: () => (state.transport ? state.transport.receivedAudio() : {samples: 0, bytes: 0}),
+  receivedAudio: () => (state.transport ? state.transport.receivedAudio() : {samples: 0, bytes: 0, voicedMs: 0}),
 };
 
 function setStatus(text, kind) {
@@ -88,6 +88,7 @@ function handle(event) {
       break;
     case 'transcript.final':
       if (event.text) {
+        state.stats.asked(turn.id, performance.now());
         const line = userLine(turn);
         line.textContent = event.text;
         line.className = 'utterance';

@@ -2,6 +2,8 @@
 // WebRTC (Opus both ways, events on a data channel named "events") and, where WebRTC fails, PCM16 over
 // the /ws WebSocket (binary frames both ways, events as JSON text).
 
+import {LevelMeter} from './meter.js';
+
 const SAMPLE_RATE = 16000;
 const FRAME_SAMPLES = 320; // 20 ms at 16 kHz
 const PLAYBACK_CUSHION_S = 0.04;
@@ -58,6 +60,8 @@ export class WebRtcTransport {
     this.audio = audioElement;
     this.pc = null;
     this.channel = null;
+    this.meter = null;
+    this.meterContext = null;
     this.closed = false;
   }
 
@@ -76,8 +80,12 @@ export class WebRtcTransport {
     channel.onmessage = (message) => this.onEvent(JSON.parse(message.data));
     pc.ontrack = (event) => {
       // Remote audio plays (and even decodes, in Chromium) only through a media element.
-      this.audio.srcObject = event.streams[0] || new MediaStream([event.track]);
+      const stream = event.streams[0] || new MediaStream([event.track]);
+      this.audio.srcObject = stream;
       this.audio.play().catch(() => { /* autoplay refused: the Start click normally allows it */ });
+      this.meterContext = new AudioContext();
+      this.meterContext.resume().catch(() => {});
+      this.meter = new LevelMeter(this.meterContext, this.meterContext.createMediaStreamSource(stream));
     };
     pc.onconnectionstatechange = () => {
       if (['failed', 'closed'].includes(pc.connectionState)) this.finish(`WebRTC ${pc.connectionState}`);
@@ -118,9 +126,10 @@ export class WebRtcTransport {
 
   flushPlayback() { /* the server drops its queued audio; nothing is buffered here */ }
 
-  // Audio received from the agent so far (for the status line and the browser tests).
+  // Audio received from the agent so far: RTP totals, and milliseconds of audible voice.
   async receivedAudio() {
-    if (!this.pc) return {samples: 0, bytes: 0};
+    const voicedMs = this.meter ? this.meter.voicedMs : 0;
+    if (!this.pc) return {samples: 0, bytes: 0, voicedMs};
     const stats = await this.pc.getStats();
     let samples = 0;
     let bytes = 0;
@@ -130,7 +139,7 @@ export class WebRtcTransport {
         bytes += report.bytesReceived || 0;
       }
     });
-    return {samples, bytes};
+    return {samples, bytes, voicedMs};
   }
 
   close() {
@@ -143,6 +152,8 @@ export class WebRtcTransport {
     this.closed = true;
     if (this.channel) this.channel.close();
     if (this.pc) this.pc.close();
+    if (this.meter) this.meter.close();
+    if (this.meterContext) this.meterContext.close();
     this.audio.srcObject = null;
     this.onClose(reason);
   }
@@ -153,6 +164,9 @@ class PcmPlayer {
   constructor(rate) {
     this.rate = rate;
     this.context = new AudioContext();
+    this.output = this.context.createGain();
+    this.output.connect(this.context.destination);
+    this.meter = new LevelMeter(this.context, this.output);
     this.next = 0;
     this.sources = new Set();
     this.samples = 0;
@@ -169,7 +183,7 @@ class PcmPlayer {
     for (let i = 0; i < pcm.length; i += 1) channel[i] = pcm[i] / 32768;
     const source = this.context.createBufferSource();
     source.buffer = audio;
-    source.connect(this.context.destination);
+    source.connect(this.output);
     const at = Math.max(this.next, this.context.currentTime + PLAYBACK_CUSHION_S);
     source.start(at);
     this.next = at + pcm.length / this.rate;
@@ -185,6 +199,7 @@ class PcmPlayer {
 
   close() {
     this.flush();
+    this.meter.close();
     this.context.close();
   }
 }
@@ -265,7 +280,9 @@ export class WebSocketTransport {
   }
 
   async receivedAudio() {
-    return this.player ? {samples: this.player.samples, bytes: this.player.bytes} : {samples: 0, bytes: 0};
+    const player = this.player;
+    return player ? {samples: player.samples, bytes: player.bytes, voicedMs: player.meter.voicedMs}
+      : {samples: 0, bytes: 0, voicedMs: 0};
   }
 
   close() {

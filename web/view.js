@@ -40,9 +40,13 @@ export class Stats {
     this.accepted = 0;
     this.passes = 0; // target forward passes that committed a block
     this.tokens = 0;
-    this.turns = new Map(); // turn -> {first, last, tokensAfterFirst}
+    this.turns = new Map(); // turn -> {asked, last, tokens}: when the transcript came, the last block
     this.serverMsPerToken = [];
     this.voiceToVoice = null;
+  }
+
+  asked(turn, now) {
+    this.turns.set(turn, {asked: now, last: now, tokens: 0});
   }
 
   block(turn, event, now) {
@@ -53,12 +57,10 @@ export class Stats {
     this.accepted += accepted;
     this.passes += 1;
     this.tokens += tokens;
-    const timing = this.turns.get(turn);
-    if (!timing) this.turns.set(turn, {first: now, last: now, tokensAfterFirst: 0});
-    else {
-      timing.last = now;
-      timing.tokensAfterFirst += tokens;
-    }
+    const timing = this.turns.get(turn) || {asked: now, last: now, tokens: 0};
+    timing.last = now;
+    timing.tokens += tokens;
+    this.turns.set(turn, timing);
   }
 
   metrics(event) {
@@ -68,8 +70,8 @@ export class Stats {
     if (msPerToken != null) this.serverMsPerToken.push(msPerToken);
   }
 
-  // Milliseconds per committed token: the server's figure when it sends one, else the spacing of the
-  // blocks as they arrived here (after the first block of each turn, so the wait for it is left out).
+  // Milliseconds per committed token: the server's figure when it sends one, else measured here from
+  // the final transcript to the turn's last block (the prompt's prefill included: a voice agent pays it).
   msPerToken() {
     if (this.serverMsPerToken.length) {
       return this.serverMsPerToken.reduce((a, b) => a + b, 0) / this.serverMsPerToken.length;
@@ -77,8 +79,8 @@ export class Stats {
     let span = 0;
     let tokens = 0;
     for (const timing of this.turns.values()) {
-      span += timing.last - timing.first;
-      tokens += timing.tokensAfterFirst;
+      span += timing.last - timing.asked;
+      tokens += timing.tokens;
     }
     return tokens ? span / tokens : null;
   }

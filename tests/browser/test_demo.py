@@ -1,0 +1,189 @@
+"""The browser demo in real headless Chromium, against `voiceagent serve` on the bundled small models.
+
+Chromium's fake microphone plays a question synthesised by espeak-ng; the page must connect (over WebRTC,
+or over the WebSocket when forced with ?transport=ws), show the transcript and the agent's reply in
+committed blocks, receive audible reply audio, and show the turn's latencies. One server (SmolLM2 as target
+and draft, Whisper tiny.en, Piper) serves every test of the module. Screenshots go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page, expect, sync_playwright
+
+from tests.fakes import espeak_speech, normalized_words
+from tests.servers import free_port
+from voiceagent.audio import SAMPLE_RATE, write_wav
+
+pytestmark = pytest.mark.bundled
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = Path("/usr/lib/chromium/chromium")  # the binary; /usr/bin/chromium is a wrapper script
+SMOL = "smollm2-135m-instruct"
+QUESTION = "What is the capital of France?"
+WAIT_MS = 60_000
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--allow-loopback-in-peer-connection",  # ICE over 127.0.0.1 (the server offers it)
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`voiceagent serve` on a free loopback port, on the small bundled models; its URL."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {
+        **os.environ,
+        "VOICEAGENT_LLM": "local",
+        "VOICEAGENT_TARGET": SMOL,
+        "VOICEAGENT_DRAFT": SMOL,
+        "VOICEAGENT_DRAFT_QUANT": "none",
+    }
+    command = [sys.executable, "-m", "voiceagent", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, log_path)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"voiceagent serve exited with {process.returncode}:\n{log.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.3)
+    pytest.fail(f"voiceagent serve was not up after {timeout_s:.0f} s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The question as a 16-bit PCM WAV, with 2 s of silence first: Chromium's fake microphone starts
+    playing at getUserMedia, before the connection is up."""
+    directory = tmp_path_factory.mktemp("speech")
+    speech = espeak_speech(QUESTION, directory)
+    silence = np.zeros(2 * SAMPLE_RATE, dtype=np.int16)
+    path = directory / "question.wav"
+    write_wav(path, np.concatenate([silence, speech, silence]), SAMPLE_RATE)
+    return path
+
+
+@contextlib.contextmanager
+def browser_page(microphone: Path, viewport: dict[str, int]) -> Iterator[tuple[Page, list[str]]]:
+    """A page in a fresh headless Chromium whose microphone plays `microphone` once; the page's console
+    lines are collected for failure messages."""
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (requirements/debian.txt)"
+        )
+    args = [*CHROMIUM_FLAGS, f"--use-file-for-fake-audio-capture={microphone}%noloop"]
+    console: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
+        try:
+            page = browser.new_page(viewport=viewport)
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+            page.on("pageerror", lambda error: console.append(f"page error: {error}"))
+            yield page, console
+        finally:
+            browser.close()
+
+
+def _events(page: Page, kind: str) -> list[dict[str, object]]:
+    return list(page.evaluate("(kind) => window.voiceagent.events.filter((e) => e.type === kind)", kind))
+
+
+def _voiced_ms(page: Page) -> int:
+    return int(page.evaluate("async () => (await window.voiceagent.receivedAudio()).voicedMs"))
+
+
+def converse(page: Page, url: str) -> None:
+    """Start, hear the question out, and check everything the page must show for one turn."""
+    page.goto(url)
+    page.get_by_role("button", name="Start").click()
+    expect(page.get_by_test_id("transcript")).to_contain_text(re.compile("capital", re.I), timeout=WAIT_MS)
+    page.wait_for_function(
+        "() => window.voiceagent.events.some((e) => e.type === 'turn.metrics')", timeout=WAIT_MS
+    )
+    finals = [str(e["text"]) for e in _events(page, "transcript.final") if e["text"]]
+    # Every word of the question was heard (Whisper tiny.en sometimes says a short question twice).
+    assert finals and set(normalized_words(QUESTION)) <= set(normalized_words(finals[0])), finals
+    reply = page.get_by_test_id("agent").inner_text().strip()
+    assert re.search(r"[A-Za-z]{2,}", reply), reply
+    blocks = _events(page, "agent.block")
+    assert "".join(str(b["text"]) for b in blocks).strip() == reply
+    # Committed blocks are drawn with their drafted/accepted counts, and the running figures are shown.
+    drawn = page.locator("[data-testid=agent] .block")
+    assert drawn.count() == len(blocks)
+    assert sum(int(b["n_drafted"] or 0) for b in blocks) > 0  # the draft model was used
+    expect(page.get_by_test_id("acceptance")).to_contain_text("%")
+    expect(page.get_by_test_id("ms-per-token")).to_contain_text("ms")
+    expect(page.locator("[data-testid=waterfall] li")).to_have_count(1)
+    # The reply's audio arrived and was audible (not just silence frames).
+    deadline = time.monotonic() + 20
+    while _voiced_ms(page) < 300 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _voiced_ms(page) >= 300, "no audible reply audio reached the page"
+
+
+@pytest.mark.parametrize(
+    ("query", "transport", "viewport"),
+    [
+        ("", "WebRTC", {"width": 1280, "height": 800}),
+        ("?transport=ws", "WebSocket", {"width": 390, "height": 844}),  # a phone
+    ],
+    ids=["webrtc", "websocket-phone"],
+)
+def test_a_spoken_question_is_transcribed_answered_and_heard(
+    server: str, question_wav: Path, query: str, transport: str, viewport: dict[str, int]
+) -> None:
+    with browser_page(question_wav, viewport) as (page, console):
+        try:
+            converse(page, f"{server}/{query}")
+            assert page.evaluate("window.voiceagent.transport") == transport
+        except (AssertionError, PlaywrightError) as error:
+            raise AssertionError(f"{error}\npage console:\n" + "\n".join(console[-30:])) from None
+        finally:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"browser-demo-{transport.lower()}.png"), full_page=True)
+        page.get_by_role("button", name="Stop").click()
+        expect(page.get_by_role("button", name="Start")).to_be_enabled()
+    # Stopping ended the session on the server: its slot is free again.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server}/healthz").json()["sessions"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(f"{server}/healthz").json()["sessions"] == 0
