@@ -93,11 +93,12 @@ class Inbox:
     def kinds(self) -> list[str]:
         return [m["type"] for m in self.messages]
 
-    async def wait_for(self, kind: str, timeout_s: float, turn: int | None = None) -> dict[str, Any]:
+    async def wait_for(self, kind: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        """The first message of type `kind` whose fields have the values given."""
         async with asyncio.timeout(timeout_s):
             while True:
                 for message in self.messages:
-                    if message["type"] == kind and turn in (None, message.get("turn")):
+                    if message["type"] == kind and all(message.get(k) == v for k, v in fields.items()):
                         return message
                 self._arrived.clear()
                 await self._arrived.wait()
@@ -135,6 +136,12 @@ def test_a_turn_over_webrtc_transcript_blocks_audio_and_metrics() -> None:
             assert metrics["latency_ms"]["voice_to_voice"] > 0 and metrics["acceptance_rate"] == 0.5
             assert kinds.index("agent.audio.end") < kinds.index("turn.metrics")
             assert loud[0] > 48000 * 0.2  # the fake voice's tone came back through Opus
+            # Bad input on the channel gets an error event; the session carries on.
+            channel.send("not json")
+            channel.send(b"\x00\x01")
+            channel.send(json.dumps({"type": "session.start", "audio": {"encoding": "pcm16"}}))
+            for code in ("bad_json", "bad_message", "already_started"):
+                await inbox.wait_for("error", 5, code=code)
             channel.send(json.dumps({"type": "input.text", "text": "and again"}))
             await inbox.wait_for("turn.metrics", 20, turn=2)
         finally:
@@ -156,7 +163,7 @@ def test_a_turn_over_webrtc_transcript_blocks_audio_and_metrics() -> None:
             400,
             "bad_offer",
         ),
-        (json.dumps({"type": "offer", "sdp": "m=audio" + "x" * 70000}).encode(), 413, "too_big"),
+        (json.dumps({"type": "offer", "sdp": "m=audio" + "x" * 70000}).encode(), 413, "message_too_large"),
     ],
 )
 def test_bad_offers_get_a_reason_not_a_crash(body: bytes, status: int, code: str) -> None:

@@ -84,7 +84,7 @@ class WebRtcGateway:
         body = await request.body()
         if len(body) > self.settings.max_message_bytes:
             limit = self.settings.max_message_bytes
-            return _refuse(413, "too_big", f"the offer is over the {limit}-byte limit")
+            return _refuse(413, "message_too_large", f"the offer is over the {limit}-byte limit")
         offer = _parse_offer(body)
         if isinstance(offer, str):
             return _refuse(400, "bad_offer", offer)

@@ -174,8 +174,12 @@ class WebRtcPeer:
 
     def _on_message(self, raw: str | bytes) -> None:
         assert self._live is not None
-        if isinstance(raw, bytes) or len(raw) > self.max_message_bytes:
+        if isinstance(raw, bytes):
             self._send(error_message("bad_message", "the events channel takes JSON text messages only"))
+            return
+        if len(raw.encode()) > self.max_message_bytes:
+            limit = self.max_message_bytes
+            self._send(error_message("message_too_large", f"a message is limited to {limit} bytes"))
             return
         try:
             message = parse_client_message(raw)
@@ -187,7 +191,7 @@ class WebRtcPeer:
         elif isinstance(message, SessionEnd):
             self.end()
         else:
-            self._send(error_message("bad_message", "over WebRTC the session starts with the offer"))
+            self._send(error_message("already_started", "over WebRTC the session starts with the offer"))
 
     # ----- out -----------------------------------------------------------------------------------------
 
