@@ -345,7 +345,8 @@ class FakePipeline:
         word_ms: int = 100,
         llm_delay_s: float = 0.0,
     ) -> None:
-        self.blocks, self.transcript, self.word_ms, self.llm_delay_s = blocks, transcript, word_ms, llm_delay_s
+        self.blocks, self.transcript = blocks, transcript
+        self.word_ms, self.llm_delay_s = word_ms, llm_delay_s
         self.sessions: list[Any] = []
 
     def new_session(self, clock: Any, trace: Any, options: Any = None) -> Any:
