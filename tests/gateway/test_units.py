@@ -1,0 +1,130 @@
+"""The gateway's pure parts on a fake clock: playout pacing and clearing, input framing, client checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from starlette.requests import Request
+
+from tests.fakes import FakeClock
+from voiceagent.config import Settings
+from voiceagent.events import SpeechAudio
+from voiceagent.gateway.inbound import InboundAudio, frame_starts
+from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.security import check_client, public_url
+
+
+class Recorder:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.sent: list[tuple[int, OutChunk]] = []  # (clock ns, chunk)
+        self.played: list[tuple[int, int, int]] = []  # (clock ns, turn, samples)
+        self.done: list[tuple[int, str]] = []
+
+    async def send(self, chunk: OutChunk) -> None:
+        self.sent.append((self.clock.now_ns(), chunk))
+
+    async def turn_sent(self, turn: int, outcome: str) -> None:
+        self.done.append((turn, outcome))
+
+    def on_played(self, turn: int, samples: int) -> None:
+        self.played.append((self.clock.now_ns(), turn, samples))
+
+
+async def until(condition: object, steps: int = 10_000) -> None:
+    for _ in range(steps):
+        if condition():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def test_playout_paces_reports_played_audio_and_ends_the_turn() -> None:
+    async def scenario() -> None:
+        clock = FakeClock(start_ns=0)
+        out = Recorder(clock)
+        playout = Playout(clock, 16000, out.send, out.turn_sent, lead_ms=100, on_played=out.on_played)
+        running = asyncio.create_task(playout.run())
+        playout.push(SpeechAudio(0, 1, np.ones(16000, dtype=np.int16), 16000, "one second"))
+        playout.end_turn(1, "done")
+        await until(lambda: out.done and out.played and out.played[-1][2] == 16000)
+        running.cancel()
+        assert len(out.sent) == 50 and out.sent[0][1].first_of_turn and not out.sent[1][1].first_of_turn
+        for i, (t_ns, chunk) in enumerate(out.sent):  # never more than 100 ms ahead of playback
+            assert t_ns >= (i * 20 - 100) * 1_000_000, (i, t_ns)
+            assert chunk.end_sample == 320 * (i + 1)
+        assert out.done == [(1, "done")]
+        assert out.played[-1] == (1_000_000_000, 1, 16000)  # all heard once its second has passed
+        assert all(t_ns >= samples * 62_500 for t_ns, _, samples in out.played)  # nothing heard early
+
+    asyncio.run(scenario())
+
+
+def test_playout_clear_drops_queued_audio() -> None:
+    async def scenario() -> None:
+        clock = FakeClock(start_ns=0)
+        out = Recorder(clock)
+        playout = Playout(clock, 8000, out.send, out.turn_sent, chunk_ms=100, lead_ms=200)
+        running = asyncio.create_task(playout.run())
+        playout.push(SpeechAudio(0, 3, np.ones(8000, dtype=np.int16), 8000, "one second"))
+        await until(lambda: len(out.sent) >= 4)
+        assert playout.clear() == {3}
+        sent = len(out.sent)
+        playout.end_turn(3, "done")
+        await until(lambda: out.done)
+        running.cancel()
+        assert len(out.sent) == sent < 10 and playout.sent_samples(3) == 800 * sent
+
+    asyncio.run(scenario())
+
+
+def test_inbound_audio_frames_any_rate() -> None:
+    inbound = InboundAudio(48000)
+    frames = inbound.push_pcm16(np.ones(48000, dtype="<i2").tobytes())  # 1 s
+    frames += inbound.push(np.zeros(4800, dtype=np.int16))  # and 100 ms more flush the filter
+    assert 50 <= len(frames) <= 55 and all(f.shape == (320,) and f.dtype == np.int16 for f in frames)
+    with pytest.raises(ValueError, match="whole 2-byte samples"):
+        inbound.push_pcm16(b"\x00\x01\x02")
+    with pytest.raises(ValueError, match="sample_rate must be one of"):
+        InboundAudio(12345)
+    assert frame_starts(1_000_000_000, 2) == [960_000_000, 980_000_000]
+
+
+def request(headers: dict[str, str], query: str = "", path: str = "/ws") -> Request:
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "query_string": query.encode(),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "server": ("127.0.0.1", 8000),
+    }
+    return Request(scope)
+
+
+def test_client_checks() -> None:
+    open_server, keyed = Settings(), Settings(api_key="k", allowed_origins="https://app.example.com/")
+    host = {"host": "agent.local:8000"}
+    assert check_client(request(host), open_server) is None  # no Origin: not a browser page
+    assert check_client(request({**host, "origin": "http://agent.local:8000"}), open_server) is None
+    refused = check_client(request({**host, "origin": "https://evil.example"}), open_server)
+    assert refused is not None and refused.close_code == 4403 and refused.status == 403
+    assert check_client(request({**host, "origin": "https://app.example.com"}, "token=k"), keyed) is None
+    assert check_client(request({**host, "authorization": "Bearer k"}), keyed) is None
+    for headers, query in [({}, ""), ({"authorization": "Bearer x"}, ""), ({}, "token=x")]:
+        refused = check_client(request({**host, **headers}, query), keyed)
+        assert refused is not None and refused.close_code == 4401 and refused.status == 401
+    everyone = Settings(allowed_origins="*")
+    assert check_client(request({**host, "origin": "https://anywhere.example"}), everyone) is None
+
+
+def test_public_url_follows_the_proxy_or_the_setting() -> None:
+    behind_tls = request({"host": "agent.example.com", "x-forwarded-proto": "https"}, "a=1", "/twilio/voice")
+    assert public_url(behind_tls, Settings()) == "https://agent.example.com/twilio/voice?a=1"
+    configured = Settings(public_url="https://calls.example.com/")
+    assert public_url(request({"host": "10.0.0.5:8000"}, path="/twilio/voice"), configured) == (
+        "https://calls.example.com/twilio/voice"
+    )
