@@ -53,7 +53,8 @@ def test_a_spoken_turn_comes_back_as_events_and_paced_audio(rate: int) -> None:
             spread = c.audio[-1][0] - c.audio[0][0]
             assert 0.3 < spread < 0.8, spread
             assert (await c.event("agent.audio.start"))["sample_rate"] == rate
-            assert metrics["outcome"] == "done" and metrics["n_drafted"] == 16 and metrics["n_accepted"] == 8
+            assert metrics["outcome"] == "done" and metrics["input"] == "speech"
+            assert metrics["n_drafted"] == 16 and metrics["n_accepted"] == 8
             latency = metrics["latency_ms"]
             assert latency["voice_to_voice"] is not None and 0 < latency["voice_to_voice"] < 1000, latency
             await c.send_json({"type": "session.end"})
@@ -70,7 +71,9 @@ def test_typed_input_is_answered() -> None:
             await c.event("session.started")
             await c.send_json({"type": "input.text", "text": "What time is it?"})
             assert (await c.event("transcript.final"))["text"] == "What time is it?"
-            await c.event("turn.metrics")
+            metrics = await c.event("turn.metrics")
+            assert metrics["input"] == "text" and metrics["latency_ms"]["asr_final"] == 0
+            assert 0 < metrics["latency_ms"]["voice_to_voice"] < 1000, metrics
             assert pipeline.sessions[0].history[-1] == {
                 "role": "assistant",
                 "content": "Hi, nice to meet you.",

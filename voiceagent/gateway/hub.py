@@ -26,7 +26,7 @@ from voiceagent.config import Settings
 from voiceagent.events import Event, ReplyText
 from voiceagent.gateway.metrics import GatewayMetrics
 from voiceagent.session import Session, SessionOptions
-from voiceagent.trace import Trace, turn_latencies_ms
+from voiceagent.trace import LATENCY_EVENTS, Trace, turn_latencies_ms
 
 
 class PipelineLike(Protocol):
@@ -73,19 +73,38 @@ class LiveSession:
         if turn in self._finished:
             return None
         self._finished.add(turn)
-        latency_ms = turn_latencies_ms(self.trace.records, turn)
-        self.metrics.observe_turn(self.transport, outcome, latency_ms)
+        latency_ms, typed = _latencies_ms(self.trace.records, turn)
+        # The latency histograms are voice to voice: typed turns are counted but not timed there.
+        self.metrics.observe_turn(self.transport, outcome, {} if typed else latency_ms)
         counts = self._counts.pop(turn, _TurnCounts())
         rate = counts.accepted / counts.drafted if counts.drafted else None
         return {
             "turn": turn,
             "outcome": outcome,
+            "input": "text" if typed else "speech",
             "latency_ms": latency_ms,
             "blocks": counts.blocks,
             "n_drafted": counts.drafted,
             "n_accepted": counts.accepted,
             "acceptance_rate": rate,
         }
+
+
+def _latencies_ms(records: list[dict[str, Any]], turn: int) -> tuple[dict[str, float | None], bool]:
+    """The turn's headline latencies (trace.turn_latencies_ms): from the end of speech, or for a typed
+    message from its arrival (its asr_final is then 0). Also whether the turn was typed."""
+    mine = [r for r in records if r.get("turn") == turn]
+    typed = next((r for r in mine if r["event"] == "asr.final" and r.get("typed")), None)
+    if typed is None or any(r["event"] == "vad.speech_end" for r in mine):
+        return turn_latencies_ms(records, turn), False
+    first: dict[str, int] = {}
+    for record in mine:
+        first.setdefault(record["event"], int(record["t_ns"]))
+    origin = int(typed["t_ns"])
+    return {
+        name: None if event not in first else (first[event] - origin) / 1e6
+        for name, event in LATENCY_EVENTS.items()
+    }, True
 
 
 class SessionHub:

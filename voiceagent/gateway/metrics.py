@@ -7,7 +7,8 @@ decoding as the agent spoke it: voiceagent_spec_blocks (committed blocks), voice
 voiceagent_spec_accepted_tokens. The acceptance rate is accepted / draft tokens, as in vLLM's PromQL.
 Histograms: voiceagent_voice_to_voice_seconds (the user stops speaking -> the agent's first audio leaves
 the server) and voiceagent_stage_latency_seconds{stage} for each headline stage measured from the end
-of speech (asr_final, first_block, tts_first_audio, voice_to_voice), from the session's trace.
+of speech (asr_final, first_block, tts_first_audio, voice_to_voice), from the session's trace; spoken turns
+only (a typed turn has no end of speech).
 """
 
 from __future__ import annotations
