@@ -105,6 +105,19 @@ def test_twilio_signatures_are_checked_when_a_token_is_set() -> None:
     asyncio.run(scenario())
 
 
+def test_a_server_with_an_api_key_takes_calls_only_with_signatures() -> None:
+    async def scenario() -> None:
+        app, _ = fake_app(api_key="k")
+        async with running(app) as host, httpx.AsyncClient(base_url=f"http://{host}") as http:
+            refused = await http.post("/twilio/voice", data={"CallSid": "CA1"})
+            assert refused.status_code == 403 and "VOICEAGENT_TWILIO_AUTH_TOKEN" in refused.text
+            async with client(host, "/twilio") as c:
+                code, reason = await c.closed_with()
+                assert code == 4401 and "VOICEAGENT_TWILIO_AUTH_TOKEN" in reason
+
+    asyncio.run(scenario())
+
+
 MEDIA_FORMAT = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
 START = {"event": "start", "streamSid": "MZ1", "start": {"streamSid": "MZ1", "mediaFormat": MEDIA_FORMAT}}
 MEDIA = {"event": "media", "streamSid": "MZ1", "media": {"payload": base64.b64encode(b"\xff" * 160).decode()}}

@@ -10,7 +10,7 @@ WebRTC signalling): it takes a Starlette `HTTPConnection` (a `Request` or a `Web
   must be the server's own (the Host it asked for, or VOICEAGENT_PUBLIC_URL) or in
   VOICEAGENT_ALLOWED_ORIGINS ("*" allows any). This stops other sites' pages from using the agent.
 - Twilio: X-Twilio-Signature is base64(HMAC-SHA1(auth token, URL + each POST parameter's name and value,
-  sorted by name)), over the URL Twilio called (`public_url`).
+  sorted by name)), over the URL Twilio called (`public_url`); see `twilio_refusal`.
 """
 
 from __future__ import annotations
@@ -99,10 +99,19 @@ def public_url(connection: HTTPConnection, settings: Settings) -> str:
     return f"{url}?{connection.url.query}" if connection.url.query else url
 
 
-def twilio_request_ok(connection: HTTPConnection, settings: Settings, params: Mapping[str, str]) -> bool:
-    """True without VOICEAGENT_TWILIO_AUTH_TOKEN; else whether X-Twilio-Signature matches."""
+def twilio_refusal(connection: HTTPConnection, settings: Settings, params: Mapping[str, str]) -> str | None:
+    """Why a Twilio request is refused, or None. With VOICEAGENT_TWILIO_AUTH_TOKEN its signature must
+    match. Without it the phone endpoints are open, unless VOICEAGENT_API_KEY protects the server: Twilio
+    cannot send that key, so a keyed server takes calls only with signatures checked."""
     if settings.twilio_auth_token is None:
-        return True
+        if settings.api_key is None:
+            return None
+        return "set VOICEAGENT_TWILIO_AUTH_TOKEN to take calls on a server with an API key"
+    return None if _twilio_signed(connection, settings, params) else "invalid X-Twilio-Signature"
+
+
+def _twilio_signed(connection: HTTPConnection, settings: Settings, params: Mapping[str, str]) -> bool:
+    assert settings.twilio_auth_token is not None
     signature = connection.headers.get("x-twilio-signature", "")
     token = settings.twilio_auth_token.get_secret_value()
     url = public_url(connection, settings)

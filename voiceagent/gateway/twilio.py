@@ -7,8 +7,8 @@ caller has heard the audio before it, so only returned marks count as played: at
 keeps the words the caller heard. A barge-in sends `clear`, which flushes Twilio's buffer (the marks it
 then returns for the flushed audio are ignored). Phone lines have no echo cancellation of ours, so the
 session runs with its echo guard. With VOICEAGENT_TWILIO_AUTH_TOKEN set, both endpoints check
-X-Twilio-Signature. Twilio has no error message: a message out of order or malformed closes the stream
-with a close code and reason.
+X-Twilio-Signature (required when VOICEAGENT_API_KEY is set: Twilio cannot send the key). Twilio has
+no error message: a message out of order or malformed closes the stream with a close code and reason.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from voiceagent.gateway.codes import Close
 from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
 from voiceagent.gateway.inbound import InboundAudio, frame_starts
 from voiceagent.gateway.playout import OutChunk, Playout
-from voiceagent.gateway.security import public_origin, twilio_request_ok
+from voiceagent.gateway.security import public_origin, twilio_refusal
 from voiceagent.session import SessionOptions
 
 log = logging.getLogger("voiceagent.gateway")
@@ -46,20 +46,20 @@ async def twilio_voice(request: Request) -> Response:
     if len(body) > MAX_FORM_BYTES:
         return PlainTextResponse("request body too large", status_code=413)
     params = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
-    if not twilio_request_ok(request, hub.settings, params):
-        return PlainTextResponse("invalid X-Twilio-Signature", status_code=403)
+    if (refusal := twilio_refusal(request, hub.settings, params)) is not None:
+        return PlainTextResponse(refusal, status_code=403)
     stream_url = public_origin(request, hub.settings, "ws") + "/twilio"
     return Response(tp.connect_twiml(stream_url), media_type="application/xml")
 
 
 async def twilio_stream(websocket: WebSocket) -> None:
     hub: SessionHub = websocket.app.state.hub
-    signed = twilio_request_ok(websocket, hub.settings, {})
+    refusal = twilio_refusal(websocket, hub.settings, {})
     await websocket.accept()
     channel = Channel(websocket, hub.settings.idle_timeout_s)
-    if not signed:
+    if refusal is not None:
         hub.metrics.sessions_refused.labels("twilio", "unauthorized").inc()
-        await channel.close(Close.UNAUTHORIZED, "invalid X-Twilio-Signature")
+        await channel.close(Close.UNAUTHORIZED, refusal)
         return
     try:
         await _Call(channel, hub).run()
