@@ -23,7 +23,8 @@ from voiceagent.gateway.webrtc import routes
 
 
 class Microphone(MediaStreamTrack):
-    """A browser's microphone as aiortc sends it: 0.2 s quiet, 0.6 s of a loud tone, then quiet."""
+    """A browser's microphone as aiortc sends it: 0.2 s quiet, 0.6 s of a loud tone, then quiet until
+    `speak` makes it loud again."""
 
     kind = "audio"
 
@@ -31,6 +32,10 @@ class Microphone(MediaStreamTrack):
         super().__init__()
         self.sent = 0
         self.started: float | None = None
+        self.loud_until = 0.8
+
+    def speak(self, seconds: float) -> None:
+        self.loud_until = self.sent / 48000 + seconds
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -39,7 +44,7 @@ class Microphone(MediaStreamTrack):
         self.started = self.started or loop.time()
         await asyncio.sleep(max(0.0, self.started + self.sent / 48000 - loop.time()))
         t = self.sent / 48000
-        loud = 0.2 <= t < 0.8
+        loud = 0.2 <= t < self.loud_until
         samples = (8000 * np.sin(2 * np.pi * 300 * (self.sent + np.arange(960)) / 48000)).astype(np.int16)
         frame = av.AudioFrame.from_ndarray((samples if loud else samples * 0).reshape(1, -1), "s16", "mono")
         frame.sample_rate, frame.pts, frame.time_base = 48000, self.sent, fractions.Fraction(1, 48000)
@@ -149,6 +154,45 @@ def test_a_turn_over_webrtc_transcript_blocks_audio_and_metrics() -> None:
             for task in listening:
                 task.cancel()
             await shut_down(app)  # every task ended, the session's slot freed
+
+    asyncio.run(scenario())
+
+
+def test_speaking_over_the_agent_cuts_its_voice_and_the_history() -> None:
+    async def scenario() -> None:
+        words = tuple(f" word{i}" for i in range(20))  # 2 s of the fake voice
+        pipeline = FakePipeline(blocks=words)
+        app = build_app(pipeline, Settings(), routes())
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        inbox, loud, microphone = Inbox(), [0], Microphone()
+        pc.createDataChannel("events").on("message", inbox.add)
+        pc.addTrack(microphone)
+        listening: list[asyncio.Task[None]] = []
+        pc.on("track", lambda track: listening.append(asyncio.ensure_future(_heard_audio(track, loud))))
+        try:
+            async with await _client(app) as client:
+                answer = (await client.post("/webrtc/offer", json=await _offer(pc))).json()
+            await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+            await inbox.wait_for("agent.audio.start", 20, turn=1)
+            await asyncio.sleep(0.5)
+            microphone.speak(0.6)
+            interrupted = await inbox.wait_for("interrupted", 10, turn=1)
+            ended = await inbox.wait_for("agent.audio.end", 5, turn=1)
+            assert ended["interrupted"] is True
+            assert (await inbox.wait_for("turn.metrics", 5, turn=1))["outcome"] == "interrupted"
+            heard = interrupted["spoken_text"].split()
+            assert 1 <= len(heard) < 15, heard  # about half a second of 2 s was played
+            assert pipeline.sessions[0].history[2] == {
+                "role": "assistant",
+                "content": interrupted["spoken_text"],
+            }
+            await inbox.wait_for("agent.audio.start", 20, turn=2)
+            assert loud[0] < 48000 * 1.5  # the rest of turn 1's voice never went out
+        finally:
+            await pc.close()
+            for task in listening:
+                task.cancel()
+            await shut_down(app)
 
     asyncio.run(scenario())
 

@@ -14,7 +14,6 @@ awaited, the connection closed, and the session's slot freed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -43,6 +42,16 @@ OPUS_RATE = 48000  # the agent speaks at Opus's own rate: one resampling, in TTS
 CONNECT_TIMEOUT_S = 20.0
 LEAD_MS = 100  # how far the playout runs ahead of the track: what a barge-in has to drop
 EVENTS_CHANNEL = "events"
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancels `task` and waits for it to end. Cancels again while it runs on: a task that suppresses
+    CancelledError around awaiting its own helpers can swallow a cancellation meant for it."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure was already reported by _task_done
 
 
 class WebRtcPeer:
@@ -135,11 +144,7 @@ class WebRtcPeer:
 
     async def _shut_down(self) -> None:
         tasks, self._tasks = list(self._tasks), set()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*(_cancel(task) for task in tasks))
         self.track.stop()
         await self.pc.close()
 
