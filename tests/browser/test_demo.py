@@ -34,6 +34,7 @@ ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/lib/chromium/chromium")  # the binary; /usr/bin/chromium is a wrapper script
 SMOL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
+API_KEY = "browser-test-key"  # the server requires it; the page passes ?token= on
 WAIT_MS = 60_000
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -61,6 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "VOICEAGENT_TARGET": SMOL,
         "VOICEAGENT_DRAFT": SMOL,
         "VOICEAGENT_DRAFT_QUANT": "none",
+        "VOICEAGENT_API_KEY": API_KEY,
     }
     command = [sys.executable, "-m", "voiceagent", "serve", "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
@@ -163,8 +165,8 @@ def converse(page: Page, url: str) -> None:
 @pytest.mark.parametrize(
     ("query", "transport", "viewport"),
     [
-        ("", "WebRTC", {"width": 1280, "height": 800}),
-        ("?transport=ws", "WebSocket", {"width": 390, "height": 844}),  # a phone
+        (f"?token={API_KEY}", "WebRTC", {"width": 1280, "height": 800}),
+        (f"?transport=ws&token={API_KEY}", "WebSocket", {"width": 390, "height": 844}),  # a phone
     ],
     ids=["webrtc", "websocket-phone"],
 )
@@ -187,3 +189,12 @@ def test_a_spoken_question_is_transcribed_answered_and_heard(
     while httpx.get(f"{server}/healthz").json()["sessions"] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert httpx.get(f"{server}/healthz").json()["sessions"] == 0
+
+
+def test_a_missing_token_is_reported_on_the_page(server: str, question_wav: Path) -> None:
+    with browser_page(question_wav, {"width": 1280, "height": 800}) as (page, _):
+        page.goto(f"{server}/")
+        page.get_by_role("button", name="Start").click()
+        expect(page.locator("#error")).to_contain_text("API key", timeout=15_000)
+        expect(page.get_by_role("button", name="Start")).to_be_enabled()
+        assert page.evaluate("window.voiceagent.transport") is None
