@@ -30,6 +30,7 @@ from engine.speculative import Verdict, verify_greedy, verify_sampled
 
 Clock = Callable[[], float]
 PREFILL_CHUNK = 512  # bounds the [T, S] attention mask and activations of a long prompt
+FUSED_PREFILL = 64  # a prompt's last ids (up to this many) are fed with the first block, not before it
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class ModelState:
     static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
 
     @torch.inference_mode()
-    def feed(self, tokens: Sequence[int] | Tensor, start: int, logits: LogitsMode) -> Tensor | None:
-        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V] or None).
+    def feed(self, tokens: Sequence[int] | Tensor, start: int, logits: LogitsMode | int) -> Tensor | None:
+        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V], the last k or None).
 
         `tokens` may already be a device tensor (drafted ids), which avoids a host round trip. With static
         forwards the logits may be a reused buffer: consume them before the next `feed`.
@@ -65,7 +66,7 @@ class ModelState:
         device = self.model.device
         ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=device)
         n_tokens = ids.shape[0]
-        if self.static is not None and logits != "none" and self.static.fits(n_tokens):  # not prefill
+        if self.static is not None and logits in ("all", "last") and self.static.fits(n_tokens):  # decode
             return self.static(ids, start, logits)
         positions = torch.arange(start, start + n_tokens, device=device)
         return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
@@ -99,6 +100,35 @@ class Conversation:
         del self.tokens[n_tokens:]
         for state in self.states:
             state.valid = min(state.valid, n_tokens)
+
+    def fork(self) -> Conversation:
+        """A new conversation holding this one's committed ids and their cached keys and values.
+
+        A system prompt shared by many conversations is then prefilled once per process, not once each.
+        """
+        other = Conversation(self.engine)
+        with self._lock:  # not while this one generates
+            other.tokens = list(self.tokens)
+            for mine, theirs in zip(self.states, other.states, strict=True):
+                n = mine.valid  # KVCache tensors: [n_layers, 1, KVH, max_seq_len, D]
+                theirs.cache.k[:, :, :, :n].copy_(mine.cache.k[:, :, :, :n])
+                theirs.cache.v[:, :, :, :n].copy_(mine.cache.v[:, :, :, :n])
+                theirs.valid = n
+        return other
+
+    def prefill(self, prompt_ids: Sequence[int]) -> int:
+        """Caches the keys of `prompt_ids` (all but the last id) ahead of a `generate` that will start
+        with them, e.g. the words a user has said so far. Returns how many ids were cached already."""
+        prompt = self.engine.check_prompt(prompt_ids)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this conversation is generating; prefill it before or after")
+        try:
+            cached = self.reuse_prefix(prompt)
+            for state in self.states:
+                _prefill_state(state, self.tokens)
+            return cached
+        finally:
+            self._lock.release()
 
     def generate(
         self,
@@ -178,8 +208,8 @@ class _Generation:
     def run(self) -> Iterator[CommittedBlock]:
         started = self.clock()
         self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
-        for state in self.conv.states:
-            self._prefill(state)
+        for state in self.conv.states:  # the prompt's last ids go with the first block: one forward fewer
+            _prefill_state(state, self.conv.tokens, leave=FUSED_PREFILL)
         self.stats.prefill_s = self.clock() - started
         while True:
             if self.cancel is not None and self.cancel.is_set():
@@ -192,13 +222,6 @@ class _Generation:
                 yield self._finish(block, finish_reason, started)
                 return
             yield block
-
-    def _prefill(self, state: ModelState) -> None:
-        tokens = self.conv.tokens
-        end = len(tokens) - 1
-        for start in range(state.valid, end, PREFILL_CHUNK):
-            state.feed(tokens[start : min(end, start + PREFILL_CHUNK)], start, "none")
-        state.valid = max(state.valid, end)
 
     def _step(self) -> tuple[CommittedBlock, str | None]:
         """Drafts, verifies and commits one block; returns it and the finish reason, if any."""
@@ -240,7 +263,8 @@ class _Generation:
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
-                logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
+                pending = tokens[draft.valid :]  # the prompt's tail on the first block: eager, not static
+                logits = draft.feed(pending, draft.valid, "last" if len(pending) <= 2 else 1)
             assert logits is not None  # [1, V]
             if self.params.greedy:
                 token = logits.argmax(dim=-1)
@@ -261,9 +285,12 @@ class _Generation:
         target = self.conv.target
         tokens = self.conv.tokens
         pending = torch.tensor(tokens[target.valid :], dtype=torch.long, device=draft_tokens.device)
-        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, "all")
+        n_logits = draft_tokens.shape[0] + 1
+        # Usually one pending id (two after a fully accepted block); the prompt's tail on the first block.
+        mode: LogitsMode | int = "all" if pending.shape[0] <= 2 else n_logits
+        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, mode)
         assert logits is not None
-        logits = logits[-(draft_tokens.shape[0] + 1) :]  # [G+1, V]
+        logits = logits[-n_logits:]  # [G+1, V]
         if self.params.greedy:
             return verify_greedy(draft_tokens, logits)
         p = warp_probs(logits, self.params)
@@ -385,3 +412,12 @@ class Engine:
                 "shorten the prompt or raise max_seq_len"
             )
         return prompt
+
+
+def _prefill_state(state: ModelState, tokens: list[int], leave: int = 1) -> None:
+    """Feeds the ids the state has not cached yet, all but the last `leave` (>= 1: the last id's logits
+    start the first block, which may as well carry a few more ids than that)."""
+    end = len(tokens) - leave
+    for start in range(state.valid, end, PREFILL_CHUNK):
+        state.feed(tokens[start : min(end, start + PREFILL_CHUNK)], start, "none")
+    state.valid = max(state.valid, end)

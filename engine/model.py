@@ -181,9 +181,15 @@ class Transformer(nn.Module):
         return KVCache(self.args, self.max_seq_len, self.dtype, self.device)
 
     def forward(
-        self, tokens: Tensor, input_pos: Tensor, cache: KVCache, kv_len: int, logits: LogitsMode = "all"
+        self,
+        tokens: Tensor,
+        input_pos: Tensor,
+        cache: KVCache,
+        kv_len: int,
+        logits: LogitsMode | int = "all",
     ) -> Tensor | None:
-        """tokens, input_pos: [T] int64 -> logits [T, V] fp32 ('all'), [1, V] ('last') or None ('none').
+        """tokens, input_pos: [T] int64 -> logits [T, V] fp32 ('all'), [1, V] ('last'), [k, V] (an int k:
+        the last k positions) or None ('none').
 
         Writes the tokens' keys and values into `cache` at `input_pos` and attends the first `kv_len`
         positions, causally. `kv_len` must cover every position in `input_pos`.
@@ -203,6 +209,8 @@ class Transformer(nn.Module):
             return None
         if logits == "last":
             x = x[-1:]
+        elif isinstance(logits, int):
+            x = x[-logits:]
         x = self.norm(x)
         head_out = F.linear(x, self.tok_embeddings.weight) if self.output is None else self.output(x)
         return head_out.float()

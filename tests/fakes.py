@@ -184,6 +184,9 @@ class FakeEndpointer:
     def speaking(self) -> bool:
         return self._speaking
 
+    def silence_ms(self) -> float:
+        return self._quiet * self.frame_ns / 1e6 if self._speaking else 0.0
+
     def set_guard(self, active: bool) -> None:
         self.guarded = active
 

@@ -38,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     talk.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
     talk.add_argument("--fast", action="store_true", help="do not wait in real time (latencies then omit it)")
     talk.set_defaults(run=_talk)
+    bench = commands.add_parser("bench", help="voice-to-voice latency p50/p95 over spoken questions")
+    bench.add_argument("--questions", type=Path, default=Path("bench/voice_questions.txt"))
+    bench.add_argument("--limit", type=int, default=None, help="the first N questions only")
+    bench.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
+    bench.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
+    bench.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
+    bench.set_defaults(run=_bench)
     serve = commands.add_parser("serve", help="the voice agent for browsers (/), WebSockets (/ws) and Twilio")
     serve.add_argument("--host", default=None, help="address to listen on (VOICEAGENT_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to listen on (VOICEAGENT_PORT, 8000)")
@@ -75,6 +82,12 @@ def _talk(args: argparse.Namespace) -> int:
     print(f"you: {result.transcript}\nagent: {result.reply}", file=sys.stderr)
     print(json.dumps(result.summary()))
     return 0 if not result.errors else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from voiceagent.bench import main as bench_main
+
+    return bench_main(args.questions, args.limit, _settings(args))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -167,6 +167,10 @@ class LocalLLM:
         if self._running is not None:
             await asyncio.shield(self._running)
 
+    def fork(self) -> LocalLLM:
+        """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""
+        return LocalLLM(self.engine, conversation=self._conversation.fork())
+
 
 class RemoteLLM:
     """An OpenAI-compatible server at `base_url` (e.g. http://127.0.0.1:8000/v1), streamed over SSE."""

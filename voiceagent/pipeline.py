@@ -18,7 +18,14 @@ from voiceagent.audio import SAMPLE_RATE, frames
 from voiceagent.chunker import PhraseChunker
 from voiceagent.clock import Clock
 from voiceagent.config import Settings
-from voiceagent.llm import ReplyOptions, connect_llm, llm_model_status, load_local_engine, prepare_llm_models
+from voiceagent.llm import (
+    LocalLLM,
+    ReplyOptions,
+    connect_llm,
+    llm_model_status,
+    load_local_engine,
+    prepare_llm_models,
+)
 from voiceagent.session import Session, SessionOptions
 from voiceagent.speech_models import prepare_speech_models, speech_model_status
 from voiceagent.trace import Trace
@@ -36,6 +43,7 @@ class Pipeline:
     silero: SileroVad
     synthesizer: Synthesizer
     engine: Any  # engine.generate.Engine for VOICEAGENT_LLM=local, else None
+    template_llm: LocalLLM | None = None  # holds the system prompt's cached keys; each session forks it
 
     @classmethod
     def load(cls, settings: Settings, log: Log) -> Pipeline:
@@ -52,14 +60,15 @@ class Pipeline:
 
     async def warm_up(self) -> None:
         """One Whisper pass and one LLM token with the speech system prompt, so no turn pays first-call
-        costs (the engine keeps the system prompt's keys cached for the sessions that follow)."""
+        costs. That conversation becomes the template every session forks: no session prefills the
+        system prompt again."""
         recognizer = StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model))
         recognizer.start()
         for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
             recognizer.push(frame)
         await asyncio.to_thread(recognizer.decode_final)
-        if self.engine is not None:
-            llm = connect_llm(self.settings, self.engine)
+        if self.engine is not None and self.template_llm is None:
+            llm = LocalLLM(self.engine)
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},
                 {"role": "user", "content": "Hello."},
@@ -67,13 +76,16 @@ class Pipeline:
             async for _ in llm.stream(messages, ReplyOptions(max_tokens=1)):
                 pass
             await llm.aclose()
+            self.template_llm = llm
 
     def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session:
         options = options or SessionOptions(output_rate=self.settings.output_rate)
         return Session(
             endpointer=Endpointer(VadOptions(end_silence_ms=self.settings.end_silence_ms), self.silero),
             recognizer=StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model)),
-            llm=connect_llm(self.settings, self.engine),
+            llm=self.template_llm.fork()
+            if self.template_llm is not None
+            else connect_llm(self.settings, self.engine),
             synthesizer=self.synthesizer,
             new_chunker=PhraseChunker,
             clock=clock,

@@ -5,8 +5,11 @@ agent's speech among them as `SpeechAudio` at the session's output rate. The tra
 and reports back (`audio_sent`, `audio_played`), which is how the trace knows when the first audio went
 out and how a barge-in knows what the user heard.
 
-- While the user speaks, partial transcripts are decoded every `partial_every_ms`; at speech_end the
-  final transcript starts the reply. CPU-heavy calls (ASR, TTS) run in worker threads.
+- While the user speaks, partial transcripts are decoded every `partial_every_ms`. Once the user pauses
+  (`pause_ms` of silence) one more partial hears the whole utterance, and the reply starts on it
+  preemptively (voiceagent/preempt.py) while the endpointer waits out its end-of-speech silence. At
+  speech_end the final transcript reuses that partial; the reply is kept if it answers the same words, else
+  restarted. CPU-heavy calls (ASR, TTS) run in worker threads.
 - The reply streams committed blocks from the LLM; the chunker turns them into phrases and TTS speaks
   each phrase as soon as it exists, in a task of its own, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
@@ -41,7 +44,8 @@ from voiceagent.events import (
     TurnEnded,
     TurnError,
 )
-from voiceagent.llm import LLM, ReplyOptions
+from voiceagent.llm import LLM, ReplyBlock, ReplyOptions
+from voiceagent.preempt import PreemptiveReply
 from voiceagent.spoken import SpokenReply
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, SynthesizerLike, VadEdgeLike
 from voiceagent.trace import Trace
@@ -60,6 +64,8 @@ class SessionOptions:
     output_rate: int = 16000  # the transport's rate for the agent's audio
     partial_every_ms: int = 300  # partial transcripts while the user speaks
     echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
+    pause_ms: int = 100  # silence after which one partial hears the whole utterance (< the end silence)
+    preemptive_reply: bool = True  # start the reply on that partial, before speech_end
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
 
 
@@ -102,6 +108,8 @@ class Session:
         self._spoken: dict[int, SpokenReply] = {}
         self._first_out: set[int] = set()
         self._answered = 0  # the turn whose whole reply is the history's last message
+        self._paused = False  # the user is silent and the pause partial was started
+        self._preempt: PreemptiveReply | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -121,12 +129,22 @@ class Session:
             elif edge.kind == "speech_end":
                 self._end_utterance(edge)
         if self._utterance_open:
-            if (
-                t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000
-                and self._decoding is None
-            ):
-                self._last_partial_ns = t
-                self._decoding = asyncio.create_task(self._partial(self.turn))
+            self._schedule_partial(t)
+
+    def _schedule_partial(self, t: int) -> None:
+        """Partials every partial_every_ms while the user speaks; one when they pause, then none."""
+        paused = self.endpointer.silence_ms() >= self.options.pause_ms
+        if self._paused and not paused:  # the user spoke on: what was guessed at the pause is stale
+            self._paused = False
+            self._drop_preemption("speech resumed")
+        if paused:
+            if not self._paused and self._decoding is None:
+                self._paused = True
+                self._decoding = asyncio.create_task(self._partial(self.turn, pause=True))
+            return
+        if t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000 and self._decoding is None:
+            self._last_partial_ns = t
+            self._decoding = asyncio.create_task(self._partial(self.turn))
 
     async def push_text(self, text: str) -> None:
         """A typed user message: answered like a final transcript (interrupting any reply)."""
@@ -177,6 +195,7 @@ class Session:
             self._idle.set()
 
     async def close(self) -> None:
+        self._drop_preemption("session closed")
         for task in (self._reply, self._decoding):
             if task is not None:
                 task.cancel()
@@ -205,8 +224,10 @@ class Session:
     def _start_utterance(self, edge: VadEdgeLike) -> None:
         if self._replying():
             self._interrupt()
+        self._drop_preemption("new utterance")
         self.turn += 1
         self._utterance_open = True
+        self._paused = False
         self._last_partial_ns = edge.confirmed_ns
         self.recognizer.start()
         self._update_idle()
@@ -226,12 +247,16 @@ class Session:
         self._reply.add_done_callback(lambda _: self._update_idle())
         self._update_idle()
 
-    async def _partial(self, turn: int) -> None:
+    async def _partial(self, turn: int, pause: bool = False) -> None:
         try:
             transcript = await asyncio.to_thread(self.recognizer.decode_partial)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
-                self.trace.write("asr.partial", turn, stable=transcript.stable, text=transcript.text)
+                self.trace.write(
+                    "asr.partial", turn, stable=transcript.stable, text=transcript.text, pause=pause
+                )
+                if pause and self._paused and self.options.preemptive_reply and transcript.text.strip():
+                    self._start_preemption(turn, transcript.text.strip())
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write("asr.partial_error", turn, message=str(error))
         finally:
@@ -241,25 +266,54 @@ class Session:
         try:
             text = (await asyncio.to_thread(self.recognizer.decode_final, trailing_ms)).strip()
         except Exception as error:
+            self._drop_preemption("asr failed")
             self._fail(turn, "asr", error)
             return
         self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
         self.trace.write("asr.final", turn, text=text)
+        preempt, self._preempt = self._preempt, None
+        if preempt is not None and not (text and preempt.matches(self._with_user(text))):
+            preempt.cancel()
+            self.trace.write("llm.preemptive_cancel", turn, reason="the final transcript differs")
+            preempt = None
         if text and turn == self.turn:
-            await self._respond(turn, text)
+            await self._respond(turn, text, preempt)
+        elif preempt is not None:
+            preempt.cancel()
+
+    # ----- preemptive replies ----------------------------------------------------------------------
+
+    def _with_user(self, text: str) -> list[dict[str, str]]:
+        return [*self.history, {"role": "user", "content": text}]
+
+    def _start_preemption(self, turn: int, text: str) -> None:
+        self._drop_preemption("a newer pause")
+        self._preempt = PreemptiveReply(self.llm, self._with_user(text), self.options.reply)
+        self.trace.write("llm.preemptive_start", turn, text=text)
+
+    def _drop_preemption(self, reason: str) -> None:
+        if self._preempt is not None:
+            self._preempt.cancel()
+            self._preempt = None
+            self.trace.write("llm.preemptive_cancel", self.turn, reason=reason)
 
     # ----- replying --------------------------------------------------------------------------------
 
-    async def _respond(self, turn: int, user_text: str) -> None:
+    async def _respond(self, turn: int, user_text: str, preempt: PreemptiveReply | None = None) -> None:
         self.state = "thinking"
         self.history.append({"role": "user", "content": user_text})
         phrases: asyncio.Queue[str | None] = asyncio.Queue()
         speaker = asyncio.create_task(self._speak(turn, phrases))
         reply, stage = "", "llm"
+        blocks: AsyncIterator[ReplyBlock] = (
+            preempt.blocks()
+            if preempt is not None
+            else self.llm.stream(list(self.history), self.options.reply)
+        )
         try:
             chunker = self.new_chunker()
-            async for block in self.llm.stream(list(self.history), self.options.reply):
-                self._on_block(turn, block.text, block.n_drafted, block.n_accepted, first=not reply)
+            async for block in blocks:
+                self._on_block(turn, block, first=not reply, preemptive=preempt is not None)
                 reply += block.text
                 for phrase in chunker.push(block.text):
                     phrases.put_nowait(phrase)
@@ -276,19 +330,22 @@ class Session:
             self._fail(turn, stage, error)
             return
         finally:
+            if preempt is not None:
+                preempt.cancel()  # a no-op once its stream has ended
             self._maybe_done_speaking(turn)
         self.history.append({"role": "assistant", "content": reply.strip()})
         self._answered = turn
         self._emit(TurnEnded(self.clock.now_ns(), turn, "done", reply.strip()))
         self.trace.write("turn.end", turn, reason="done", reply=reply.strip())
 
-    def _on_block(
-        self, turn: int, text: str, n_drafted: int | None, n_accepted: int | None, first: bool
-    ) -> None:
-        self._emit(ReplyText(self.clock.now_ns(), turn, text, n_drafted, n_accepted, first))
+    def _on_block(self, turn: int, block: ReplyBlock, first: bool, preemptive: bool) -> None:
+        drafted, accepted = block.n_drafted, block.n_accepted
+        self._emit(ReplyText(self.clock.now_ns(), turn, block.text, drafted, accepted, first))
         if first:
-            self.trace.write("llm.first_block", turn, n_drafted=n_drafted, n_accepted=n_accepted)
-        self.trace.write("llm.block", turn, text=text, n_drafted=n_drafted, n_accepted=n_accepted)
+            self.trace.write(
+                "llm.first_block", turn, n_drafted=drafted, n_accepted=accepted, preemptive=preemptive
+            )
+        self.trace.write("llm.block", turn, text=block.text, n_drafted=drafted, n_accepted=accepted)
 
     async def _speak(self, turn: int, phrases: asyncio.Queue[str | None]) -> None:
         rate = self.options.output_rate
@@ -306,6 +363,7 @@ class Session:
 
     def _interrupt(self) -> None:
         turn = self.turn
+        self._drop_preemption("barge-in")
         if self._reply is not None and not self._reply.done():
             self._reply.cancel()
         self._dropped_turns.add(turn)

@@ -28,6 +28,8 @@ class EndpointerLike(Protocol):
 
     def speaking(self) -> bool: ...
 
+    def silence_ms(self) -> float: ...  # while speaking: how long the user has been silent
+
     def set_guard(self, active: bool) -> None: ...
 
 

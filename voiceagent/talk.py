@@ -36,6 +36,7 @@ class TalkResult:
     output_rate: int = 16000
     turns: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    preemptive: bool = False  # the first turn's reply was started on the pause partial and kept
 
     def summary(self) -> dict[str, Any]:
         first = self.turns[0] if self.turns else {}
@@ -107,5 +108,8 @@ async def talk(
         await playing
         trace.close()
     turns = sorted({int(r["turn"]) for r in trace.records if r["event"] == "asr.final" and r.get("text")})
+    result.preemptive = any(
+        r.get("preemptive", False) for r in trace.records if r["event"] == "llm.first_block"
+    )
     result.turns = [{"turn": t, "latency_ms": turn_latencies_ms(trace.records, t)} for t in turns]
     return result

@@ -87,3 +87,52 @@ def test_conversations_on_one_engine_are_independent() -> None:
     only_a = [t for blk in engine.new_conversation().generate([5, 6], params) for t in blk.token_ids]
     list(b.generate([40, 41, 42, 43], params))
     assert [t for blk in a.generate([5, 6], params) for t in blk.token_ids] == only_a
+
+
+def _ids(conversation_blocks: object) -> list[int]:
+    return [t for block in conversation_blocks for t in block.token_ids]  # type: ignore[attr-defined]
+
+
+def test_a_forked_conversation_starts_from_the_cached_prefix_and_answers_the_same() -> None:
+    engine = tiny_engine("qwen2-bias", seed=4, init_std=0.1, draft_noise=0.1, gamma=3)
+    system = list(range(10, 50))  # a shared "system prompt"
+    template = engine.new_conversation()
+    _ids(template.generate([*system, 60], SamplingParams(max_new_tokens=1)))
+    prompt = [*system, 61, 62, 63]
+    expected = _ids(engine.new_conversation().generate(prompt, SamplingParams(max_new_tokens=24)))
+    fork = template.fork()
+    assert fork.target.valid >= len(system) and fork.tokens[: len(system)] == system
+    blocks = list(fork.generate(prompt, SamplingParams(max_new_tokens=24)))
+    assert _ids(blocks) == expected
+    stats = blocks[-1].stats
+    assert stats is not None and stats.n_cached_prompt_tokens >= len(system)  # not prefilled again
+    assert template.tokens[: len(system) + 1] == [*system, 60]  # the template is untouched
+
+
+def test_a_prefilled_partial_prompt_gives_the_same_answer_to_the_whole_one() -> None:
+    engine = tiny_engine("llama3-rope-scaling", seed=5, init_std=0.1, draft_noise=0.1, gamma=4)
+    prompt = list(range(3, 40))
+    expected = _ids(engine.new_conversation().generate(prompt, SamplingParams(max_new_tokens=20)))
+    conversation = engine.new_conversation()
+    assert conversation.prefill([*prompt[:30], 90, 91]) == 0  # the user's words so far, then a guess
+    assert conversation.target.valid == 31
+    blocks = list(conversation.generate(prompt, SamplingParams(max_new_tokens=20)))
+    assert _ids(blocks) == expected
+    stats = blocks[-1].stats
+    assert stats is not None and stats.n_cached_prompt_tokens == 30
+
+
+def test_a_short_prompt_and_the_first_block_take_one_target_forward() -> None:
+    engine = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.1, gamma=3)
+    conversation = engine.new_conversation()
+    feeds: list[int] = []
+    feed = conversation.target.feed
+
+    def counted(tokens: object, start: int, logits: object) -> object:
+        feeds.append(len(tokens))  # type: ignore[arg-type]
+        return feed(tokens, start, logits)  # type: ignore[arg-type]
+
+    conversation.target.feed = counted  # type: ignore[method-assign]
+    blocks = list(conversation.generate(list(range(5, 25)), SamplingParams(max_new_tokens=1)))
+    assert len(feeds) == 1 and feeds[0] >= 20  # the prompt and the drafts, verified in one pass
+    assert len(_ids(blocks)) == 1

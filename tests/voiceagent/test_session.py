@@ -220,3 +220,60 @@ def test_bad_frames_are_refused_and_the_session_goes_on() -> None:
         await one_turn(h)
 
     assert run(scenario).of(TurnEnded)
+
+
+def _events(h: Harness) -> list[str]:
+    return [r["event"] for r in h.trace.records]
+
+
+def _record(h: Harness, name: str) -> dict[str, Any]:
+    return next(r for r in h.trace.records if r["event"] == name)
+
+
+def test_the_reply_starts_when_the_user_pauses_and_is_kept_at_speech_end() -> None:
+    h = run(one_turn)
+    events = _events(h)
+    assert events.index("llm.preemptive_start") < events.index("vad.speech_end") < events.index("asr.final")
+    assert _record(h, "llm.preemptive_start")["text"] == "hello there"
+    assert len(h.llm.histories) == 1  # the preemptive reply was adopted, not asked for again
+    assert _record(h, "llm.first_block")["preemptive"] is True
+    assert "".join(e.text for e in h.of(ReplyText)) == "Hi, nice to meet you."
+    assert h.synthesizer.spoken == ["Hi,", "nice", "to", "meet", "you."]
+    assert events.index("asr.final") < events.index("llm.first_block")  # nothing spoken before the end
+
+
+def test_speaking_on_after_a_pause_drops_the_preemptive_reply() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 40)
+        await h.frames(QUIET, 6)  # a pause: the reply starts on "hello there"
+        await h.settle(lambda: "llm.preemptive_start" in _events(h))
+        await h.frames(LOUD, 20)  # ... but the user goes on
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario)
+    cancelled = [r for r in h.trace.records if r["event"] == "llm.preemptive_cancel"]
+    assert [r["reason"] for r in cancelled] == ["speech resumed"]
+    assert len(h.of(TurnEnded)) == 1 and len(h.of(TranscriptFinal)) == 1
+    assert h.synthesizer.spoken == ["Hi,", "nice", "to", "meet", "you."]  # one reply, spoken once
+
+
+def test_a_final_transcript_that_differs_restarts_the_reply() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 20)  # the fake hears one word per 10 frames: the pause partial has two
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=FakeRecognizer("what is the weather like"))
+    assert _record(h, "llm.preemptive_start")["text"] == "what is"
+    assert _record(h, "llm.preemptive_cancel")["reason"] == "the final transcript differs"
+    assert h.llm.histories[-1][-1] == {"role": "user", "content": "what is the weather like"}
+    assert _record(h, "llm.first_block")["preemptive"] is False
+    assert len(h.of(TurnEnded)) == 1
+
+
+def test_preemptive_replies_can_be_turned_off() -> None:
+    h = run(one_turn, options=SessionOptions(preemptive_reply=False))
+    assert "llm.preemptive_start" not in _events(h)
+    assert _record(h, "llm.first_block")["preemptive"] is False
+    assert "".join(e.text for e in h.of(ReplyText)) == "Hi, nice to meet you."

@@ -1,0 +1,183 @@
+"""`voiceagent bench`: voice-to-voice latency over a set of spoken questions, with p50/p95 per stage.
+
+Each question of `bench/voice_questions.txt` is spoken by one of several voices (the bundled Piper voice and
+espeak-ng accents, in turn), padded with silence, and played through a fresh session of ONE loaded pipeline
+at real-time pace, exactly as `voiceagent talk IN.wav` does. Every latency is measured from the end of the
+user's speech (vad.speech_end's time: the end of the last voiced frame), so the silence the endpointer waits
+for is counted in. The process's peak resident memory is reported too: every default model is loaded in it.
+
+The table goes to stderr; the LAST line on stdout is one JSON object (`voice_to_voice` etc. with p50/p95/max).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voiceagent.audio import SAMPLE_RATE, read_wav, resample
+from voiceagent.config import Settings
+
+DEFAULT_QUESTIONS = Path("bench/voice_questions.txt")
+VOICES = ("piper", "espeak:en-us", "espeak:en-gb-x-rp")
+LEADING_SILENCE_S = 1.0
+STAGES = ("asr_final", "first_block", "tts_first_audio", "voice_to_voice")
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ClipResult:
+    voice: str
+    question: str
+    transcript: str = ""
+    reply: str = ""
+    word_error_rate: float = 0.0
+    latency_ms: dict[str, float | None] = field(default_factory=dict)
+    preemptive: bool | None = None  # the reply was started on the pause partial and kept
+    errors: list[str] = field(default_factory=list)
+
+
+def speak_question(text: str, voice: str, directory: Path, piper: Any) -> np.ndarray:
+    """`text` spoken by `voice` ("piper" or "espeak:VOICE") -> [n] int16 PCM16 mono 16 kHz, silence-padded."""
+    if voice == "piper":
+        chunks = list(piper.synthesize(text))
+        speech = resample(np.concatenate(chunks), piper.sample_rate, SAMPLE_RATE)
+    elif voice.startswith("espeak:"):
+        path = directory / f"{abs(hash((text, voice)))}.wav"
+        subprocess.run(["espeak-ng", "-v", voice.split(":", 1)[1], "-w", str(path), text], check=True)
+        speech = read_wav(path)
+    else:
+        raise ValueError(f"unknown voice {voice!r}: 'piper' or 'espeak:NAME'")
+    lead = np.zeros(int(LEADING_SILENCE_S * SAMPLE_RATE), dtype=np.int16)
+    return np.concatenate([lead, speech.astype(np.int16)])
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "max": None, "n": 0}
+    data = np.asarray(values, dtype=np.float64)
+    return {
+        "p50": round(float(np.percentile(data, 50)), 1),
+        "p95": round(float(np.percentile(data, 95)), 1),
+        "max": round(float(data.max()), 1),
+        "n": int(data.size),
+    }
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level edit distance over the reference length (punctuation and case ignored)."""
+    ref, hyp = _words(reference), _words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        previous, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+    return row[len(hyp)] / max(1, len(ref))
+
+
+async def run_clips(
+    questions: Sequence[str], voices: Sequence[str], settings: Settings, log: Log
+) -> tuple[list[ClipResult], float]:
+    """Loads the pipeline once, then plays every question through a fresh session; returns the results
+    and the seconds the models took to load and warm up."""
+    from voiceagent.pipeline import Pipeline  # heavy imports
+    from voiceagent.talk import talk
+    from voiceagent.tts import load_synthesizer
+
+    started = time.perf_counter()
+    pipeline = Pipeline.load(settings, log)
+    await pipeline.warm_up()
+    load_s = time.perf_counter() - started
+    piper = load_synthesizer("piper") if "piper" in voices else None
+    results: list[ClipResult] = []
+    with tempfile.TemporaryDirectory(prefix="voice-bench-") as scratch:
+        for i, question in enumerate(questions):
+            voice = voices[i % len(voices)]
+            audio = speak_question(question, voice, Path(scratch), piper)
+            outcome = await talk(audio, pipeline, trace_path=Path(scratch) / f"trace-{i}.jsonl")
+            result = ClipResult(voice, question, outcome.transcript, outcome.reply, errors=outcome.errors)
+            result.word_error_rate = round(word_error_rate(question, outcome.transcript), 3)
+            result.latency_ms = dict(outcome.summary()["latency_ms"])
+            result.preemptive = outcome.preemptive
+            results.append(result)
+            log(_row(i, result))
+    return results, load_s
+
+
+def _row(i: int, r: ClipResult) -> str:
+    figures = " ".join(f"{(r.latency_ms.get(stage) or float('nan')):7.0f}" for stage in STAGES)
+    return f"{i:2d} {r.voice:18} {figures}  wer={r.word_error_rate:.2f}  {r.transcript!r} -> {r.reply[:60]!r}"
+
+
+def summarize(results: Sequence[ClipResult], settings: Settings, load_s: float) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        stage: percentiles([v for r in results if (v := r.latency_ms.get(stage)) is not None])
+        for stage in STAGES
+    }
+    summary.update(
+        clips=len(results),
+        errors=sum(len(r.errors) for r in results),
+        mean_word_error_rate=round(float(np.mean([r.word_error_rate for r in results])), 3)
+        if results
+        else None,
+        preemptive_kept=sum(1 for r in results if r.preemptive),
+        end_silence_ms=settings.end_silence_ms,
+        models={
+            "target": settings.target,
+            "draft": settings.draft,
+            "draft_quant": settings.draft_quant,
+            "gamma": settings.gamma,
+            "asr": settings.asr_model,
+            "tts": settings.tts,
+        },
+        load_and_warm_s=round(load_s, 1),
+        peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        machine=f"{platform.machine()}, {_cpu_count()} CPUs, Python {platform.python_version()}",
+        clips_detail=[asdict(r) for r in results],
+    )
+    return summary
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def main(questions_path: Path, limit: int | None, settings: Settings) -> int:
+    log: Log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if not questions_path.is_file():
+        raise ValueError(f"{questions_path} does not exist (one question per line)")
+    questions = [line.strip() for line in questions_path.read_text().splitlines() if line.strip()]
+    questions = questions[:limit] if limit else questions
+    log(f"{len(questions)} questions, voices {', '.join(VOICES)}, played in real time")
+    log(
+        "  # voice              "
+        + " ".join(f"{stage[:7]:>7}" for stage in STAGES)
+        + "  (ms after speech end)"
+    )
+    results, load_s = asyncio.run(run_clips(questions, VOICES, settings, log))
+    summary = summarize(results, settings, load_s)
+    for stage in STAGES:
+        figures = summary[stage]
+        log(f"{stage:16} p50 {figures['p50']} ms  p95 {figures['p95']} ms  max {figures['max']} ms")
+    log(f"peak RSS {summary['peak_rss_gib']} GiB; mean WER {summary['mean_word_error_rate']}")
+    print(json.dumps(summary))
+    return 0 if summary["errors"] == 0 else 1
