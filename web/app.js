@@ -148,7 +148,6 @@ async function connectWith(Transport) {
     await transport.connect(state.microphone);
     return transport;
   } catch (error) {
-    transport.onClose = () => {};
     transport.finish(null);
     state.transport = null;
     throw error;

@@ -63,6 +63,7 @@ export class WebRtcTransport {
     this.meter = null;
     this.meterContext = null;
     this.closed = false;
+    this.connected = false; // until then a failure is connect()'s to report, not a disconnection
   }
 
   async connect(microphone) {
@@ -102,6 +103,7 @@ export class WebRtcTransport {
     await pc.setRemoteDescription({type: 'answer', sdp: answer.sdp});
     await withTimeout(opened, 8000, 'connecting over WebRTC');
     channel.onclose = () => this.finish('the WebRTC data channel closed');
+    this.connected = true;
   }
 
   // Non-trickle signalling: wait until every local candidate is in the offer (or give up waiting).
@@ -155,7 +157,7 @@ export class WebRtcTransport {
     if (this.meter) this.meter.close();
     if (this.meterContext) this.meterContext.close();
     this.audio.srcObject = null;
-    this.onClose(reason);
+    if (this.connected) this.onClose(reason);
   }
 }
 
@@ -238,6 +240,7 @@ export class WebSocketTransport {
     this.capture = null;
     this.player = null;
     this.closed = false;
+    this.connected = false; // until then a failure is connect()'s to report, not a disconnection
   }
 
   async connect(microphone) {
@@ -269,6 +272,7 @@ export class WebSocketTransport {
     this.capture = await startCapture(microphone, (frame) => {
       if (socket.readyState === WebSocket.OPEN) socket.send(frame);
     });
+    this.connected = true;
   }
 
   send(message) {
@@ -296,7 +300,7 @@ export class WebSocketTransport {
     if (this.socket && this.socket.readyState <= WebSocket.OPEN) this.socket.close(1000);
     if (this.capture) this.capture.close();
     if (this.player) this.player.close();
-    this.onClose(reason);
+    if (this.connected) this.onClose(reason);
   }
 }
 

@@ -198,3 +198,17 @@ def test_a_missing_token_is_reported_on_the_page(server: str, question_wav: Path
         expect(page.locator("#error")).to_contain_text("API key", timeout=15_000)
         expect(page.get_by_role("button", name="Start")).to_be_enabled()
         assert page.evaluate("window.voiceagent.transport") is None
+
+
+def test_without_webrtc_the_page_falls_back_to_the_websocket(server: str, question_wav: Path) -> None:
+    with browser_page(question_wav, {"width": 1280, "height": 800}) as (page, console):
+        page.add_init_script("delete window.RTCPeerConnection")  # a browser or webview without WebRTC
+        page.goto(f"{server}/?token={API_KEY}")
+        page.get_by_role("button", name="Start").click()
+        page.wait_for_function(
+            "() => window.voiceagent.events.some((e) => e.type === 'session.started')", timeout=WAIT_MS
+        )
+        assert page.evaluate("window.voiceagent.transport") == "WebSocket"
+        assert any("WebRTC" in line and "failed" in line for line in console), console
+        expect(page.locator("#status")).to_contain_text("WebSocket")
+        page.get_by_role("button", name="Stop").click()
