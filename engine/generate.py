@@ -116,15 +116,20 @@ class Conversation:
                 theirs.valid = n
         return other
 
-    def prefill(self, prompt_ids: Sequence[int]) -> int:
+    def prefill(self, prompt_ids: Sequence[int], *, draft_only: bool = False) -> int:
         """Caches the keys of `prompt_ids` (all but the last id) ahead of a `generate` that will start
-        with them, e.g. the words a user has said so far. Returns how many ids were cached already."""
+        with them, e.g. the words a user has said so far. Returns how many ids were cached already.
+
+        `draft_only`: the draft's forward costs grow with the number of ids (compute-bound on a CPU), the
+        target's barely do for a few dozen (memory-bound), so ahead of time it pays to feed the draft only;
+        the target takes the ids with its first verification.
+        """
         prompt = self.engine.check_prompt(prompt_ids)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is generating; prefill it before or after")
         try:
             cached = self.reuse_prefix(prompt)
-            for state in self.states:
+            for state in self.states[1:] if draft_only else self.states:
                 _prefill_state(state, self.tokens)
             return cached
         finally:
@@ -142,7 +147,8 @@ class Conversation:
 
         `gamma`: drafted tokens per block, or "auto" for an adaptive length (default: the engine's);
         ignored without a draft model.
-        `cancel` is checked between blocks: once set, the stream ends with a 'cancelled' block.
+        `cancel` is checked between blocks, between drafted tokens and before verifying: once set, the
+        stream ends with a 'cancelled' block (a cancelled block costs at most one draft step more).
         """
         params = params or SamplingParams()
         requested = self.engine.gamma if gamma is None else gamma
@@ -209,13 +215,15 @@ class _Generation:
         started = self.clock()
         self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
         for state in self.conv.states:  # the prompt's last ids go with the first block: one forward fewer
-            _prefill_state(state, self.conv.tokens, leave=FUSED_PREFILL)
+            if not self._cancelled():
+                _prefill_state(state, self.conv.tokens, leave=FUSED_PREFILL)
         self.stats.prefill_s = self.clock() - started
         while True:
-            if self.cancel is not None and self.cancel.is_set():
+            step = None if self._cancelled() else self._step()
+            if step is None:
                 yield self._finish(self._empty_block(), "cancelled", started)
                 return
-            block, finish_reason = self._step()
+            block, finish_reason = step
             if self.stats.n_blocks == 1:
                 self.stats.ttft_s = self.clock() - started
             if finish_reason is not None:
@@ -223,8 +231,12 @@ class _Generation:
                 return
             yield block
 
-    def _step(self) -> tuple[CommittedBlock, str | None]:
-        """Drafts, verifies and commits one block; returns it and the finish reason, if any."""
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def _step(self) -> tuple[CommittedBlock, str | None] | None:
+        """Drafts, verifies and commits one block; returns it and the finish reason, if any (None: the
+        generation was cancelled while drafting, and nothing was committed)."""
         tokens = self.conv.tokens
         n_before = len(tokens)
         remaining = self.params.max_new_tokens - self.stats.n_generated
@@ -232,6 +244,8 @@ class _Generation:
         limit = max(0, min(remaining - 1, cache_room))
         t0 = self.clock()
         draft_tokens, draft_probs = self._propose(limit)
+        if self._cancelled():
+            return None
         gamma = draft_tokens.shape[0]
         t1 = self.clock()
         verdict = self._verify(draft_tokens, draft_probs)
@@ -258,7 +272,11 @@ class _Generation:
         probs: list[Tensor] = []
         draft = self.conv.draft
         confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
-        while draft is not None and self.draft_length.should_draft(len(drafted), confidence, limit):
+        while (
+            draft is not None
+            and not self._cancelled()
+            and self.draft_length.should_draft(len(drafted), confidence, limit)
+        ):
             tokens = self.conv.tokens
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")

@@ -232,6 +232,11 @@ class FakeLLM:
     ) -> None:
         self.blocks, self.error_after, self.delay_s = list(blocks), error_after, delay_s
         self.histories: list[list[dict[str, str]]] = []
+        self.prefills: list[tuple[list[dict[str, str]], bool]] = []
+
+    async def prefill(self, messages: Any, *, draft_only: bool = False) -> bool:
+        self.prefills.append(([dict(m) for m in messages], draft_only))
+        return True
 
     async def stream(self, messages: Any, options: Any = None) -> Any:
         import asyncio

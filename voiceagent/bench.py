@@ -93,7 +93,7 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 
 async def run_clips(
-    questions: Sequence[str], voices: Sequence[str], settings: Settings, log: Log
+    questions: Sequence[str], voices: Sequence[str], settings: Settings, log: Log, traces: Path | None = None
 ) -> tuple[list[ClipResult], float]:
     """Loads the pipeline once, then plays every question through a fresh session; returns the results
     and the seconds the models took to load and warm up."""
@@ -111,7 +111,9 @@ async def run_clips(
         for i, question in enumerate(questions):
             voice = voices[i % len(voices)]
             audio = speak_question(question, voice, Path(scratch), piper)
-            outcome = await talk(audio, pipeline, trace_path=Path(scratch) / f"trace-{i}.jsonl")
+            trace_path = (traces or Path(scratch)) / f"trace-{i:02d}.jsonl"
+            trace_path.unlink(missing_ok=True)
+            outcome = await talk(audio, pipeline, trace_path=trace_path)
             result = ClipResult(voice, question, outcome.transcript, outcome.reply, errors=outcome.errors)
             result.word_error_rate = round(word_error_rate(question, outcome.transcript), 3)
             result.latency_ms = dict(outcome.summary()["latency_ms"])
@@ -161,7 +163,7 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def main(questions_path: Path, limit: int | None, settings: Settings) -> int:
+def main(questions_path: Path, limit: int | None, settings: Settings, traces: Path | None = None) -> int:
     log: Log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     if not questions_path.is_file():
         raise ValueError(f"{questions_path} does not exist (one question per line)")
@@ -173,7 +175,9 @@ def main(questions_path: Path, limit: int | None, settings: Settings) -> int:
         + " ".join(f"{stage[:7]:>7}" for stage in STAGES)
         + "  (ms after speech end)"
     )
-    results, load_s = asyncio.run(run_clips(questions, VOICES, settings, log))
+    if traces is not None:
+        traces.mkdir(parents=True, exist_ok=True)
+    results, load_s = asyncio.run(run_clips(questions, VOICES, settings, log, traces))
     summary = summarize(results, settings, load_s)
     for stage in STAGES:
         figures = summary[stage]

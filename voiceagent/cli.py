@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="voice-to-voice latency p50/p95 over spoken questions")
     bench.add_argument("--questions", type=Path, default=Path("bench/voice_questions.txt"))
     bench.add_argument("--limit", type=int, default=None, help="the first N questions only")
+    bench.add_argument(
+        "--traces", type=Path, default=None, help="keep each clip's JSONL trace in this folder"
+    )
     bench.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
     bench.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
     bench.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
@@ -87,7 +90,7 @@ def _talk(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from voiceagent.bench import main as bench_main
 
-    return bench_main(args.questions, args.limit, _settings(args))
+    return bench_main(args.questions, args.limit, _settings(args), args.traces)
 
 
 def _serve(args: argparse.Namespace) -> int:

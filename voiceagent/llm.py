@@ -23,7 +23,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -73,6 +73,13 @@ class LLM(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefillingLLM(Protocol):
+    """An LLM that can cache a prompt ahead of the reply (the in-process engine can; a server cannot)."""
+
+    async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool: ...
+
+
 DEFAULT_OPTIONS = ReplyOptions()
 _ENGINE_LOCKS: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _ENGINE_LOCKS_GUARD = threading.Lock()
@@ -91,7 +98,7 @@ class LocalLLM:
         self.engine = engine
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine_lock(engine)
-        self._running: asyncio.Future[None] | None = None
+        self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
         self._cancel = threading.Event()
 
     async def stream(
@@ -166,6 +173,28 @@ class LocalLLM:
         self._cancel.set()
         if self._running is not None:
             await asyncio.shield(self._running)
+
+    async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool:
+        """Caches the prompt of `messages` ahead of a reply to them or to their continuation (e.g. the
+        user's words so far). Skipped (False) while a reply runs; a failure is dropped, since a prefill
+        is only a head start. A reply asked for meanwhile waits for it."""
+        from engine.load import chat_prompt
+
+        if self._running is not None and not self._running.done():
+            return False
+        prompt = chat_prompt(self.engine.tokenizer, [dict(message) for message in messages])
+
+        def work() -> bool:
+            try:
+                with self._lock:
+                    self._conversation.prefill(prompt, draft_only=draft_only)
+                return True
+            except Exception:  # noqa: BLE001 - the reply will prefill whatever is missing
+                return False
+
+        job = asyncio.get_running_loop().run_in_executor(None, work)
+        self._running = job
+        return bool(await asyncio.shield(job))
 
     def fork(self) -> LocalLLM:
         """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""

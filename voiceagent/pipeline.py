@@ -76,6 +76,7 @@ class Pipeline:
             async for _ in llm.stream(messages, ReplyOptions(max_tokens=1)):
                 pass
             await llm.aclose()
+            await llm.prefill(messages)  # the draft too: a one-token reply never ran it
             self.template_llm = llm
 
     def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session:

@@ -44,7 +44,7 @@ from voiceagent.events import (
     TurnEnded,
     TurnError,
 )
-from voiceagent.llm import LLM, ReplyBlock, ReplyOptions
+from voiceagent.llm import LLM, PrefillingLLM, ReplyBlock, ReplyOptions
 from voiceagent.preempt import PreemptiveReply
 from voiceagent.spoken import SpokenReply
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, SynthesizerLike, VadEdgeLike
@@ -66,6 +66,7 @@ class SessionOptions:
     echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
     pause_ms: int = 100  # silence after which one partial hears the whole utterance (< the end silence)
     preemptive_reply: bool = True  # start the reply on that partial, before speech_end
+    prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
 
 
@@ -110,6 +111,8 @@ class Session:
         self._answered = 0  # the turn whose whole reply is the history's last message
         self._paused = False  # the user is silent and the pause partial was started
         self._preempt: PreemptiveReply | None = None
+        self._prefilling: asyncio.Task[bool] | None = None
+        self._prefilled = ""
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -133,8 +136,9 @@ class Session:
 
     def _schedule_partial(self, t: int) -> None:
         """Partials every partial_every_ms while the user speaks; one when they pause, then none."""
-        paused = self.endpointer.silence_ms() >= self.options.pause_ms
-        if self._paused and not paused:  # the user spoke on: what was guessed at the pause is stale
+        silence_ms = self.endpointer.silence_ms()
+        paused = silence_ms >= self.options.pause_ms
+        if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
             self._paused = False
             self._drop_preemption("speech resumed")
         if paused:
@@ -196,7 +200,7 @@ class Session:
 
     async def close(self) -> None:
         self._drop_preemption("session closed")
-        for task in (self._reply, self._decoding):
+        for task in (self._reply, self._decoding, self._prefilling):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -228,6 +232,7 @@ class Session:
         self.turn += 1
         self._utterance_open = True
         self._paused = False
+        self._prefilled = ""
         self._last_partial_ns = edge.confirmed_ns
         self.recognizer.start()
         self._update_idle()
@@ -255,8 +260,13 @@ class Session:
                 self.trace.write(
                     "asr.partial", turn, stable=transcript.stable, text=transcript.text, pause=pause
                 )
-                if pause and self._paused and self.options.preemptive_reply and transcript.text.strip():
+                # A partial that returns while the user is silent may already hold every word: start
+                # the reply on it; the pause partial then confirms it or starts it again.
+                silent = pause or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+                if silent and self.options.preemptive_reply and transcript.text.strip():
                     self._start_preemption(turn, transcript.text.strip())
+                elif not pause:
+                    self._prefill(turn, transcript.stable.strip())
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write("asr.partial_error", turn, message=str(error))
         finally:
@@ -283,12 +293,28 @@ class Session:
 
     # ----- preemptive replies ----------------------------------------------------------------------
 
+    def _prefill(self, turn: int, stable: str) -> None:
+        """Feeds the user's stable words to the draft model while they speak (see Conversation.prefill)."""
+        if (
+            not self.options.prefill_while_speaking
+            or not isinstance(self.llm, PrefillingLLM)
+            or len(stable.split()) <= len(self._prefilled.split())
+            or (self._prefilling is not None and not self._prefilling.done())
+        ):
+            return
+        self._prefilled = stable
+        self._prefilling = asyncio.create_task(self.llm.prefill(self._with_user(stable), draft_only=True))
+        self.trace.write("llm.prefill", turn, words=len(stable.split()))
+
     def _with_user(self, text: str) -> list[dict[str, str]]:
         return [*self.history, {"role": "user", "content": text}]
 
     def _start_preemption(self, turn: int, text: str) -> None:
-        self._drop_preemption("a newer pause")
-        self._preempt = PreemptiveReply(self.llm, self._with_user(text), self.options.reply)
+        messages = self._with_user(text)
+        if self._preempt is not None and self._preempt.matches(messages):
+            return  # the same words: keep the reply that is already running
+        self._drop_preemption("the words changed")
+        self._preempt = PreemptiveReply(self.llm, messages, self.options.reply)
         self.trace.write("llm.preemptive_start", turn, text=text)
 
     def _drop_preemption(self, reason: str) -> None:

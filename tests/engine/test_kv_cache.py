@@ -1,5 +1,7 @@
 """The static KV cache: rollback after rejections, prefix re-use across calls, cutting back."""
 
+import threading
+
 import torch
 
 from engine.generate import ModelState
@@ -136,3 +138,27 @@ def test_a_short_prompt_and_the_first_block_take_one_target_forward() -> None:
     blocks = list(conversation.generate(list(range(5, 25)), SamplingParams(max_new_tokens=1)))
     assert len(feeds) == 1 and feeds[0] >= 20  # the prompt and the drafts, verified in one pass
     assert len(_ids(blocks)) == 1
+
+
+def test_a_cancel_while_drafting_skips_the_verification() -> None:
+    engine = tiny_engine("qwen2-bias", seed=7, init_std=0.1, draft_noise=0.1, gamma=4)
+    conversation = engine.new_conversation()
+    assert conversation.draft is not None
+    cancel = threading.Event()
+    target_feeds: list[int] = []
+    draft_feed, target_feed = conversation.draft.feed, conversation.target.feed
+
+    def drafting(tokens: object, start: int, logits: object) -> object:
+        cancel.set()  # e.g. the user spoke on: the reply started at their pause is dropped
+        return draft_feed(tokens, start, logits)  # type: ignore[arg-type]
+
+    def verifying(tokens: object, start: int, logits: object) -> object:
+        target_feeds.append(start)
+        return target_feed(tokens, start, logits)  # type: ignore[arg-type]
+
+    conversation.draft.feed = drafting  # type: ignore[method-assign]
+    conversation.target.feed = verifying  # type: ignore[method-assign]
+    blocks = list(conversation.generate(list(range(5, 25)), SamplingParams(max_new_tokens=20), cancel=cancel))
+    assert [b.finish_reason for b in blocks] == ["cancelled"] and not blocks[0].token_ids
+    assert target_feeds == []  # one draft step, and no target pass
+    assert conversation.tokens == list(range(5, 25))

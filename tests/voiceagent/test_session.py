@@ -277,3 +277,17 @@ def test_preemptive_replies_can_be_turned_off() -> None:
     assert "llm.preemptive_start" not in _events(h)
     assert _record(h, "llm.first_block")["preemptive"] is False
     assert "".join(e.text for e in h.of(ReplyText)) == "Hi, nice to meet you."
+
+
+def test_the_draft_is_fed_the_stable_words_while_the_user_speaks() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 60)  # partials every 300 ms; the fake's stable words grow by one per 10 frames
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=FakeRecognizer("please tell me the time now"))
+    assert h.llm.prefills, "no prefill while speaking"
+    users = [messages[-1]["content"] for messages, _ in h.llm.prefills]
+    assert all(draft_only for _, draft_only in h.llm.prefills)
+    assert users == sorted(users, key=len) and "please tell me the time now".startswith(users[-1])
+    assert all(m[:-1] == h.session.history[:1] for m, _ in h.llm.prefills)  # the history, then the words
