@@ -41,7 +41,9 @@ clean:
 
 # Benchmarks are scripts, not tests: figures go to bench/results/ with the command and machine.
 # The main run: the engine plain and speculative (bf16 target, int4 draft, adaptive gamma), an int4 target,
-# and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores).
+# and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores);
+# then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes).
 bench: setup
 	$(PY) -m engine bench --dtype bf16 --gamma auto --draft-quant int4 --compare hf --also int4:int4:auto
 	$(PY) -m engine bench --dtype fp32 --gamma 4 --limit 4
+	$(PY) -m voiceagent bench
