@@ -72,20 +72,25 @@ class ModelState:
         return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
 
     @classmethod
-    def create(cls, model: Transformer, static_shapes: bool) -> ModelState:
-        cache = model.new_cache()
+    def create(cls, model: Transformer, static_shapes: bool, max_seq_len: int | None = None) -> ModelState:
+        cache = model.new_cache(max_seq_len)
         return cls(model, cache, static=StaticForwards(model, cache) if static_shapes else None)
 
 
 class Conversation:
     """A conversation's caches on one engine. Generations on it run one at a time."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_seq_len: int | None = None) -> None:
+        """`max_seq_len`: this conversation's cache length (default: the engine's). Every conversation
+        holds its own caches, so many short ones (voice sessions) cost far less memory than long ones."""
         self.engine = engine
+        self.max_seq_len = engine.max_seq_len if max_seq_len is None else max_seq_len
         self.tokens: list[int] = []  # committed ids: prompt(s) and generated tokens
-        self.target = ModelState.create(engine.target, engine.static_shapes)
+        self.target = ModelState.create(engine.target, engine.static_shapes, self.max_seq_len)
         self.draft = (
-            ModelState.create(engine.draft, engine.static_shapes) if engine.draft is not None else None
+            ModelState.create(engine.draft, engine.static_shapes, self.max_seq_len)
+            if engine.draft is not None
+            else None
         )
         self._lock = threading.Lock()
 
@@ -106,7 +111,7 @@ class Conversation:
 
         A system prompt shared by many conversations is then prefilled once per process, not once each.
         """
-        other = Conversation(self.engine)
+        other = Conversation(self.engine, self.max_seq_len)
         with self._lock:  # not while this one generates
             other.tokens = list(self.tokens)
             for mine, theirs in zip(self.states, other.states, strict=True):
@@ -124,7 +129,7 @@ class Conversation:
         target's barely do for a few dozen (memory-bound), so ahead of time it pays to feed the draft only;
         the target takes the ids with its first verification.
         """
-        prompt = self.engine.check_prompt(prompt_ids)
+        prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is generating; prefill it before or after")
         try:
@@ -155,7 +160,7 @@ class Conversation:
         draft_length = DraftLength.parse(requested, self.engine.speculation)  # validates it
         if self.draft is None:
             draft_length = DraftLength(0, self.engine.speculation)
-        prompt = self.engine.check_prompt(prompt_ids)  # errors surface here, before any iteration
+        prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)  # errors surface here, at once
         return self._stream(prompt, params, draft_length, cancel)
 
     def _stream(
@@ -240,7 +245,7 @@ class _Generation:
         tokens = self.conv.tokens
         n_before = len(tokens)
         remaining = self.params.max_new_tokens - self.stats.n_generated
-        cache_room = self.engine.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
+        cache_room = self.conv.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
         limit = max(0, min(remaining - 1, cache_room))
         t0 = self.clock()
         draft_tokens, draft_probs = self._propose(limit)
@@ -336,7 +341,7 @@ class _Generation:
         remaining = self.params.max_new_tokens - self.stats.n_generated
         if finish_reason is None and len(committed) >= remaining:
             committed, finish_reason = committed[:remaining], "length"
-        if finish_reason is None and n_before + len(committed) >= self.engine.max_seq_len:
+        if finish_reason is None and n_before + len(committed) >= self.conv.max_seq_len:
             finish_reason = "length"  # the KV cache is full
         if n_before + len(committed) < len(self.conv.tokens):
             self.conv.truncate(n_before + len(committed))
@@ -396,8 +401,8 @@ class Engine:
         self.metrics = EngineMetrics()
         self._default: Conversation | None = None
 
-    def new_conversation(self) -> Conversation:
-        return Conversation(self)
+    def new_conversation(self, max_seq_len: int | None = None) -> Conversation:
+        return Conversation(self, max_seq_len)
 
     @property
     def conversation(self) -> Conversation:
@@ -417,16 +422,17 @@ class Engine:
         """`Conversation.generate` on the default conversation."""
         return self.conversation.generate(prompt_ids, params, gamma=gamma, cancel=cancel)
 
-    def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+    def check_prompt(self, prompt_ids: Sequence[int], max_seq_len: int | None = None) -> list[int]:
+        max_seq_len = self.max_seq_len if max_seq_len is None else max_seq_len
         prompt = list(prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         vocab = self.target.args.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt ids must be integers in [0, {vocab})")
-        if len(prompt) >= self.max_seq_len:
+        if len(prompt) >= max_seq_len:
             raise ValueError(
-                f"the prompt has {len(prompt)} tokens but the KV cache holds {self.max_seq_len}; "
+                f"the prompt has {len(prompt)} tokens but the KV cache holds {max_seq_len}; "
                 "shorten the prompt or raise max_seq_len"
             )
         return prompt

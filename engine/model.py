@@ -177,8 +177,12 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.tok_embeddings.weight.device
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.args, self.max_seq_len, self.dtype, self.device)
+    def new_cache(self, max_seq_len: int | None = None) -> KVCache:
+        """A cache of `max_seq_len` positions (default and most: the model's rope length)."""
+        n = self.max_seq_len if max_seq_len is None else max_seq_len
+        if not 2 <= n <= self.max_seq_len:
+            raise ValueError(f"a cache holds 2..{self.max_seq_len} positions for this model, got {n}")
+        return KVCache(self.args, n, self.dtype, self.device)
 
     def forward(
         self,

@@ -10,7 +10,8 @@
     Hopper GPUs),
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
     VOICEAGENT_ASR_MODEL ("tiny.en" or "base"), VOICEAGENT_TTS ("piper" or "espeak"),
-    VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE: the voice pipeline.
+    VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
+    session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
     VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
                              `?token=KEY`)
@@ -61,6 +62,9 @@ class Settings(BaseSettings):
     max_seq_len: int = Field(4096, ge=2)
     asr_model: str = "tiny.en"  # or "base" (multilingual), or a CTranslate2 Whisper directory
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
+    # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
+    # for the bundled Qwen pair, so sessions are cheap; the engine's max_seq_len is the ceiling.
+    session_context_tokens: int = Field(1024, ge=64)
     end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
     # The gateway (`voiceagent serve`).

@@ -105,14 +105,13 @@ class LocalLLM:
         self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
     ) -> AsyncIterator[ReplyBlock]:
         """Streams the reply's committed blocks; raises LLMError for bad input or an engine failure."""
-        from engine.load import chat_prompt
         from engine.sampling import SamplingParams
 
         if self._running is not None:
             await asyncio.shield(self._running)  # a cancelled turn ends at its next block; then it is free
         self._cancel = cancel = threading.Event()
         try:
-            prompt = chat_prompt(self.engine.tokenizer, [dict(message) for message in messages])
+            prompt = self._fitting_prompt(messages, room=options.max_tokens)
             params = SamplingParams(options.temperature, options.top_p, 0, options.max_tokens, options.stop,
                                     options.seed)  # fmt: skip
             arrived = self._start(self._conversation.generate(prompt, params, cancel=cancel))
@@ -178,11 +177,9 @@ class LocalLLM:
         """Caches the prompt of `messages` ahead of a reply to them or to their continuation (e.g. the
         user's words so far). Skipped (False) while a reply runs; a failure is dropped, since a prefill
         is only a head start. A reply asked for meanwhile waits for it."""
-        from engine.load import chat_prompt
-
         if self._running is not None and not self._running.done():
             return False
-        prompt = chat_prompt(self.engine.tokenizer, [dict(message) for message in messages])
+        prompt = self._fitting_prompt(messages, room=1)
 
         def work() -> bool:
             try:
@@ -195,6 +192,22 @@ class LocalLLM:
         job = asyncio.get_running_loop().run_in_executor(None, work)
         self._running = job
         return bool(await asyncio.shield(job))
+
+    def _fitting_prompt(self, messages: Sequence[Message], room: int) -> list[int]:
+        """The chat prompt of `messages`, the oldest turns after the system prompt dropped until `room`
+        ids are left for the reply in this conversation's cache (the engine names a prompt too long
+        to fit even so)."""
+        from engine.load import chat_prompt
+
+        kept = [dict(message) for message in messages]
+        while True:
+            prompt = chat_prompt(self.engine.tokenizer, kept)
+            if len(prompt) + room <= self._conversation.max_seq_len:
+                return prompt
+            older = [i for i, message in enumerate(kept[:-1]) if message["role"] != "system"]
+            if not older:
+                return prompt
+            del kept[older[0]]
 
     def fork(self) -> LocalLLM:
         """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""

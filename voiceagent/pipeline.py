@@ -68,7 +68,8 @@ class Pipeline:
             recognizer.push(frame)
         await asyncio.to_thread(recognizer.decode_final)
         if self.engine is not None and self.template_llm is None:
-            llm = LocalLLM(self.engine)
+            context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
+            llm = LocalLLM(self.engine, conversation=self.engine.new_conversation(context))
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},
                 {"role": "user", "content": "Hello."},

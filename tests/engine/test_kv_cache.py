@@ -2,6 +2,7 @@
 
 import threading
 
+import pytest
 import torch
 
 from engine.generate import ModelState
@@ -162,3 +163,18 @@ def test_a_cancel_while_drafting_skips_the_verification() -> None:
     assert [b.finish_reason for b in blocks] == ["cancelled"] and not blocks[0].token_ids
     assert target_feeds == []  # one draft step, and no target pass
     assert conversation.tokens == list(range(5, 25))
+
+
+def test_a_conversation_can_hold_a_shorter_cache_than_the_engine() -> None:
+    engine = tiny_engine("qwen2-bias", seed=8, init_std=0.1, draft_noise=0.1, gamma=3, max_seq_len=256)
+    short = engine.new_conversation(48)
+    assert short.target.cache.k.shape[-2] == 48 and short.draft is not None
+    assert short.target.cache.nbytes * 256 == engine.new_conversation().target.cache.nbytes * 48
+    blocks = list(short.generate(list(range(5, 25)), SamplingParams(max_new_tokens=100)))
+    assert blocks[-1].finish_reason == "length"  # stopped at its own cache, not the engine's
+    assert short.target.valid <= 48 and len(short.tokens) <= 49  # the last id never needs caching
+    with pytest.raises(ValueError, match="KV cache holds 48"):
+        list(short.generate(list(range(5, 60))))
+    assert short.fork().max_seq_len == 48
+    with pytest.raises(ValueError, match="2..256 positions"):
+        engine.new_conversation(1000)

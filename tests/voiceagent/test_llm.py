@@ -204,3 +204,39 @@ def test_configuration_chooses_the_backend(
     monkeypatch.setenv("VOICEAGENT_LLM", "local")
     local = connect_llm(Settings(), engine=engine)
     assert isinstance(local, LocalLLM) and local.engine is engine
+
+
+def test_a_short_conversation_drops_the_oldest_turns_to_fit(engine: Engine) -> None:
+    turns = [{"role": "system", "content": "You are a helpful voice assistant. Answer briefly."}]
+    for i in range(12):  # ~25 ids a turn pair: far over 160
+        turns += [
+            {"role": "user", "content": f"Question number {i}: what is {i} plus {i}?"},
+            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+        ]
+    turns.append({"role": "user", "content": "What colour is the sky?"})
+    short = LocalLLM(engine, conversation=engine.new_conversation(160))
+
+    async def ask() -> list[ReplyBlock]:
+        return [block async for block in short.stream(turns, SHORT)]
+
+    blocks = asyncio.run(ask())  # no "prompt too long": the oldest turns made room
+    assert "".join(b.text for b in blocks).strip()
+    conversation = short._conversation
+    assert conversation.max_seq_len == 160 and conversation.target.valid <= 160
+    text = engine.tokenizer.decode(conversation.tokens)
+    assert "helpful voice assistant" in text and "colour is the sky" in text and "number 0:" not in text
+    assert conversation.target.cache.k.shape[-2] == 160  # [n_layers, 1, KVH, 160, D]: a small cache
+
+
+def test_a_voice_session_of_the_default_pair_caches_under_50_mb() -> None:
+    import torch
+
+    from engine.config import NAMED_SHAPES
+    from engine.model import KVCache
+
+    context = Settings().session_context_tokens
+    caches = [
+        KVCache(NAMED_SHAPES[name], context, torch.bfloat16, torch.device("meta"))  # sizes, no memory
+        for name in ("qwen2.5-1.5b", "qwen2.5-0.5b")
+    ]
+    assert sum(cache.nbytes for cache in caches) < 50e6  # the rest of a session is small Python state
