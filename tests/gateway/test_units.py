@@ -80,6 +80,42 @@ def test_playout_clear_drops_queued_audio() -> None:
     asyncio.run(scenario())
 
 
+class CancelsTheRunnerOnCleanup(FakeClock):
+    """A clock whose sleep never ends by itself. When the playout cancels it (something new woke the
+    playout first), it cancels the task running the playout: exactly while that task awaits its own
+    cancelled helper, the moment a cancellation used to be swallowed."""
+
+    def __init__(self) -> None:
+        super().__init__(start_ns=0)
+        self.runner: asyncio.Task[None] | None = None
+        self.cancelled_runner = False
+
+    async def sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.runner is not None and not self.cancelled_runner:
+                self.cancelled_runner = True
+                self.runner.cancel()
+            raise
+
+
+def test_playout_run_ends_when_cancelled_while_it_awaits_its_helpers() -> None:
+    async def scenario() -> None:
+        clock = CancelsTheRunnerOnCleanup()
+        out = Recorder(clock)
+        playout = Playout(clock, 16000, out.send, out.turn_sent, lead_ms=100, on_played=out.on_played)
+        running = asyncio.create_task(playout.run())
+        clock.runner = running
+        playout.push(SpeechAudio(0, 1, np.ones(16000, dtype=np.int16), 16000, "one second"))
+        await until(lambda: len(out.sent) == 6)  # 120 ms sent; now it sleeps until the lead allows more
+        playout.end_turn(1, "done")  # wakes it: it cancels and awaits its sleep, which cancels `running`
+        await until(running.done, steps=100)
+        assert clock.cancelled_runner and running.cancelled()
+
+    asyncio.run(scenario())
+
+
 def test_inbound_audio_frames_any_rate() -> None:
     inbound = InboundAudio(48000)
     frames = inbound.push_pcm16(np.ones(48000, dtype="<i2").tobytes())  # 1 s

@@ -154,7 +154,14 @@ class Playout:
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            # Awaiting a cancelled helper raises its CancelledError, suppressed here; a cancellation of
+            # this task that arrives meanwhile surfaces as that same error, so it is re-raised when one
+            # was requested during the awaits (otherwise `run()` would carry on and never end).
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
             for wait in waits:
                 wait.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await wait
+            if task is not None and task.cancelling() > cancels:
+                raise asyncio.CancelledError

@@ -45,11 +45,9 @@ EVENTS_CHANNEL = "events"
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancels `task` and waits for it to end. Cancels again while it runs on: a task that suppresses
-    CancelledError around awaiting its own helpers can swallow a cancellation meant for it."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
+    """Cancels `task` and waits for it to end."""
+    task.cancel()
+    await asyncio.wait({task})
     if not task.cancelled():
         task.exception()  # retrieved: a failure was already reported by _task_done
 
