@@ -10,8 +10,9 @@ from starlette.requests import Request
 
 from tests.fakes import FakeClock
 from voiceagent.config import Settings
-from voiceagent.events import SpeechAudio
+from voiceagent.events import Interrupted, SpeechAudio, TurnError
 from voiceagent.gateway.inbound import InboundAudio, frame_starts
+from voiceagent.gateway.outbound import Outbound
 from voiceagent.gateway.playout import OutChunk, Playout
 from voiceagent.gateway.security import check_client, public_url
 
@@ -112,6 +113,64 @@ def test_playout_run_ends_when_cancelled_while_it_awaits_its_helpers() -> None:
         playout.end_turn(1, "done")  # wakes it: it cancels and awaits its sleep, which cancels `running`
         await until(running.done, steps=100)
         assert clock.cancelled_runner and running.cancelled()
+
+    asyncio.run(scenario())
+
+
+class StubLive:
+    """The parts of a LiveSession that `Outbound` uses."""
+
+    def __init__(self) -> None:
+        self.session = self
+        self.sources: list[str] = []
+
+    def audio_sent(self, source: SpeechAudio) -> None:
+        self.sources.append(source.phrase)
+
+    def finish_turn(self, turn: int, outcome: str) -> dict[str, object]:
+        return {"turn": turn, "outcome": outcome}
+
+
+def test_outbound_frames_audio_and_reports_failed_and_interrupted_turns() -> None:
+    async def scenario() -> None:
+        clock = FakeClock(start_ns=0)
+        live, messages, audio, flushed = StubLive(), [], [], []
+
+        async def send_message(message: dict[str, object]) -> None:
+            messages.append(message)
+
+        async def send_audio(chunk: OutChunk) -> None:
+            audio.append(chunk)
+
+        outbound = Outbound(
+            live,  # type: ignore[arg-type]
+            clock,
+            8000,
+            send_message,
+            send_audio,
+            lead_ms=100,
+            flush_audio=lambda: flushed.append(True),
+        )
+        running = asyncio.create_task(outbound.playout.run())
+        await outbound.dispatch(TurnError(0, 1, "llm", "boom"))
+        await until(lambda: len(messages) == 2)
+        assert messages == [
+            {"type": "error", "code": "turn_failed", "message": "boom", "stage": "llm", "turn": 1},
+            {"type": "turn.metrics", "turn": 1, "outcome": "error"},
+        ]
+        messages.clear()
+        await outbound.dispatch(SpeechAudio(0, 2, np.ones(8000, dtype=np.int16), 8000, "one second"))
+        await until(lambda: len(audio) >= 3)
+        await outbound.dispatch(Interrupted(0, 2, "one"))
+        running.cancel()
+        sent = outbound.playout.sent_samples(2)
+        assert flushed == [True] and live.sources == ["one second"] and sent == 160 * len(audio)
+        assert messages == [
+            {"type": "agent.audio.start", "turn": 2, "sample_rate": 8000},
+            {"type": "agent.audio.end", "turn": 2, "samples": sent, "interrupted": True},
+            {"type": "interrupted", "turn": 2, "spoken_text": "one"},
+            {"type": "turn.metrics", "turn": 2, "outcome": "interrupted"},
+        ]
 
     asyncio.run(scenario())
 

@@ -10,6 +10,8 @@
               Twilio signatures
 - ws.py, ws_protocol.py           the /ws WebSocket API
 - twilio.py, twilio_protocol.py   Twilio Media Streams
+- outbound.py `Outbound`: a session's events as the /ws JSON events and paced audio, for /ws and WebRTC
+              (the transport gives the message sender and the audio sink)
 - playout.py  real-time pacing of the agent's audio with a playback model; inbound.py: any-rate input
               audio to the session's 20 ms frames; channel.py: one WebSocket; codes.py: close codes
 - serve.py    loads and warms the pipeline, runs uvicorn; mounts `voiceagent.gateway.webrtc.routes()`

@@ -22,10 +22,10 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from voiceagent.clock import Clock
-from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway.hub import LiveSession, SessionHub
 from voiceagent.gateway.inbound import InboundAudio
-from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.outbound import Outbound
+from voiceagent.gateway.playout import OutChunk
 from voiceagent.gateway.webrtc_tracks import OutboundAudioTrack, frame_to_mono_pcm16
 from voiceagent.gateway.ws_protocol import (
     PROTOCOL_VERSION,
@@ -33,7 +33,6 @@ from voiceagent.gateway.ws_protocol import (
     ProtocolError,
     SessionEnd,
     error_message,
-    event_message,
     parse_client_message,
 )
 from voiceagent.session import SessionOptions
@@ -65,8 +64,6 @@ class WebRtcPeer:
         self._unsent: list[dict[str, Any]] = []  # events before the data channel opened
         self._tasks: set[asyncio.Task[None]] = set()
         self._ended = asyncio.Event()
-        self._audio_open: set[int] = set()  # turns between agent.audio.start and agent.audio.end
-        self.playout = Playout(clock, OPUS_RATE, self._send_chunk, self._turn_sent, lead_ms=LEAD_MS)
 
     async def run(
         self, offer: RTCSessionDescription, answered: asyncio.Future[RTCSessionDescription]
@@ -105,8 +102,17 @@ class WebRtcPeer:
         return self.pc.localDescription
 
     async def _serve(self, live: LiveSession) -> None:
-        self._start(self._pump_events(live))
-        self._start(self.playout.run())
+        outbound = Outbound(
+            live,
+            self.clock,
+            OPUS_RATE,
+            self._send_message,
+            self._send_audio,
+            lead_ms=LEAD_MS,
+            flush_audio=self.track.flush,
+        )
+        self._start(outbound.pump())
+        self._start(outbound.playout.run())
         self._start(self._connect_timeout())
         await self._ended.wait()
 
@@ -205,53 +211,11 @@ class WebRtcPeer:
         elif channel.readyState == "open":
             channel.send(json.dumps(message))
 
-    async def _pump_events(self, live: LiveSession) -> None:
-        async for event in live.events():
-            self._on_event(event)
+    async def _send_message(self, message: dict[str, Any]) -> None:
+        self._send(message)
 
-    def _on_event(self, event: Event) -> None:
-        turn = event.turn_id
-        if isinstance(event, SpeechAudio):
-            self.playout.push(event)
-        elif isinstance(event, TurnEnded):
-            self.playout.end_turn(turn, event.reason)
-        elif isinstance(event, TurnError):
-            self._send(error_message("turn_failed", event.message, stage=event.stage, turn=turn))
-            self.playout.end_turn(turn, "error")
-        elif isinstance(event, Interrupted):
-            self.playout.clear()
-            self.track.flush()
-            self._audio_end(turn, interrupted=True)
-            self._send({"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text})
-            self._send_metrics(turn, "interrupted")
-        elif (message := event_message(event)) is not None:
-            self._send(message)
-
-    async def _send_chunk(self, chunk: OutChunk) -> None:
-        assert self._live is not None
-        if chunk.first_of_turn:
-            self._audio_open.add(chunk.turn)
-            self._send({"type": "agent.audio.start", "turn": chunk.turn, "sample_rate": OPUS_RATE})
-        if chunk.first_of_source:
-            self._live.session.audio_sent(chunk.source)
+    async def _send_audio(self, chunk: OutChunk) -> None:
         self.track.push(chunk.turn, chunk.samples)
-
-    async def _turn_sent(self, turn: int, outcome: str) -> None:
-        self._audio_end(turn)
-        self._send_metrics(turn, outcome)
-
-    def _audio_end(self, turn: int, interrupted: bool = False) -> None:
-        if turn in self._audio_open:
-            self._audio_open.discard(turn)
-            samples = self.playout.sent_samples(turn)
-            self._send(
-                {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
-            )
-
-    def _send_metrics(self, turn: int, outcome: str) -> None:
-        assert self._live is not None
-        if (metrics := self._live.finish_turn(turn, outcome)) is not None:
-            self._send({"type": "turn.metrics", **metrics})
 
     def _played(self, turn: int, samples: int) -> None:
         if self._live is not None:

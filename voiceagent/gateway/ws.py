@@ -15,12 +15,12 @@ import logging
 
 from starlette.websockets import WebSocket
 
-from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway.channel import Channel, Idle
 from voiceagent.gateway.codes import Close
 from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
 from voiceagent.gateway.inbound import InboundAudio, frame_starts
-from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.outbound import Outbound
+from voiceagent.gateway.playout import OutChunk
 from voiceagent.gateway.security import check_client
 from voiceagent.gateway.ws_protocol import (
     PROTOCOL_VERSION,
@@ -29,7 +29,6 @@ from voiceagent.gateway.ws_protocol import (
     SessionEnd,
     SessionStart,
     error_message,
-    event_message,
     parse_client_message,
 )
 from voiceagent.session import SessionOptions
@@ -109,7 +108,15 @@ class _Connection:
     async def _serve(self, live: LiveSession, start: SessionStart) -> None:
         session = live.session
         inbound = InboundAudio(start.sample_rate)
-        outbound = _Outbound(self.channel, live, start.sample_rate)
+        outbound = Outbound(
+            live,
+            session.clock,
+            start.sample_rate,
+            self.channel.send_json,
+            self._send_audio,
+            lead_ms=LEAD_MS,
+            on_played=session.audio_played,
+        )
         await self.channel.send_json(
             {
                 "type": "session.started",
@@ -149,6 +156,9 @@ class _Connection:
             log.error("a /ws sending task failed", exc_info=error)
             asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the session ended"))
 
+    async def _send_audio(self, chunk: OutChunk) -> None:
+        await self.channel.send_bytes(chunk.samples.astype("<i2", copy=False).tobytes())
+
     async def _audio(self, live: LiveSession, inbound: InboundAudio, data: bytes) -> None:
         try:
             frames = inbound.push_pcm16(data)
@@ -158,70 +168,3 @@ class _Connection:
         now = self.hub.clock.now_ns()
         for frame, t_ns in zip(frames, frame_starts(now, len(frames)), strict=True):
             await live.session.push_audio(frame, t_ns)
-
-
-class _Outbound:
-    """Session events -> JSON events and paced binary audio for one /ws client."""
-
-    def __init__(self, channel: Channel, live: LiveSession, rate: int) -> None:
-        self.channel, self.live, self.rate = channel, live, rate
-        self.playout = Playout(
-            live.session.clock,
-            rate,
-            self._send_audio,
-            self._turn_sent,
-            lead_ms=LEAD_MS,
-            on_played=live.session.audio_played,
-        )
-        self._audio_open: set[int] = set()  # turns between agent.audio.start and agent.audio.end
-
-    async def pump(self) -> None:
-        async for event in self.live.events():
-            await self._dispatch(event)
-
-    async def _dispatch(self, event: Event) -> None:
-        turn = event.turn_id
-        if isinstance(event, SpeechAudio):
-            self.playout.push(event)
-        elif isinstance(event, TurnEnded):
-            self.playout.end_turn(turn, "done" if event.reason == "done" else event.reason)
-        elif isinstance(event, TurnError):
-            await self.channel.send_json(
-                error_message("turn_failed", event.message, stage=event.stage, turn=turn)
-            )
-            self.playout.end_turn(turn, "error")
-        elif isinstance(event, Interrupted):
-            self.playout.clear()
-            await self._audio_end(turn, interrupted=True)
-            await self.channel.send_json(
-                {"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text}
-            )
-            await self._metrics(turn, "interrupted")
-        elif (message := event_message(event)) is not None:
-            await self.channel.send_json(message)
-
-    async def _send_audio(self, chunk: OutChunk) -> None:
-        if chunk.first_of_turn:
-            self._audio_open.add(chunk.turn)
-            await self.channel.send_json(
-                {"type": "agent.audio.start", "turn": chunk.turn, "sample_rate": self.rate}
-            )
-        if chunk.first_of_source:
-            self.live.session.audio_sent(chunk.source)
-        await self.channel.send_bytes(chunk.samples.astype("<i2", copy=False).tobytes())
-
-    async def _turn_sent(self, turn: int, outcome: str) -> None:
-        await self._audio_end(turn)
-        await self._metrics(turn, outcome)
-
-    async def _audio_end(self, turn: int, interrupted: bool = False) -> None:
-        if turn in self._audio_open:
-            self._audio_open.discard(turn)
-            samples = self.playout.sent_samples(turn)
-            await self.channel.send_json(
-                {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
-            )
-
-    async def _metrics(self, turn: int, outcome: str) -> None:
-        if (payload := self.live.finish_turn(turn, outcome)) is not None:
-            await self.channel.send_json({"type": "turn.metrics", **payload})
