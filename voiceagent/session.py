@@ -199,6 +199,10 @@ class Session:
             self._idle.set()
 
     async def close(self) -> None:
+        """Cancels the session's work and ends `events()`. A cancellation of the caller that arrives
+        meanwhile is passed on once the session is closed, not swallowed with its tasks' own."""
+        current = asyncio.current_task()
+        pending = current.cancelling() if current is not None else 0
         self._drop_preemption("session closed")
         for task in (self._reply, self._decoding, self._prefilling):
             if task is not None:
@@ -206,6 +210,8 @@ class Session:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._events.put_nowait(None)
+        if current is not None and current.cancelling() > pending:
+            raise asyncio.CancelledError
 
     # ----- listening -------------------------------------------------------------------------------
 

@@ -291,3 +291,30 @@ def test_the_draft_is_fed_the_stable_words_while_the_user_speaks() -> None:
     assert all(draft_only for _, draft_only in h.llm.prefills)
     assert users == sorted(users, key=len) and "please tell me the time now".startswith(users[-1])
     assert all(m[:-1] == h.session.history[:1] for m, _ in h.llm.prefills)  # the history, then the words
+
+
+class SlowToStop(FakeLLM):
+    """Writes one block, then waits; when cancelled it takes 50 ms to clean up."""
+
+    async def stream(self, messages: Any, options: Any = None) -> Any:
+        from voiceagent.llm import ReplyBlock
+
+        try:
+            yield ReplyBlock(text="Hi", n_tokens=1, n_drafted=1, n_accepted=1)
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.shield(asyncio.sleep(0.05))
+
+
+def test_a_cancelled_close_still_closes_and_passes_the_cancellation_on() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 40)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(ReplyText)))
+        closing = asyncio.create_task(h.session.close())
+        await asyncio.sleep(0.01)  # close() now awaits the reply's 50 ms clean-up
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+
+    run(scenario, llm=SlowToStop(), options=SessionOptions(preemptive_reply=False))  # the reply owns it
