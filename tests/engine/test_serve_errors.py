@@ -155,7 +155,8 @@ def test_full_queue_is_429_and_a_disconnect_cancels_at_the_next_block(url: str) 
     with httpx.Client(timeout=60.0) as client:
         with client.stream("POST", url + "/v1/chat/completions", json=long_answer, headers=AUTH) as stream:
             assert stream.status_code == 200
-            next(stream.iter_lines())  # the first block is out: the engine is busy with this request
+            lines = stream.iter_lines()  # kept: a dropped iterator closes the response, i.e. hangs up
+            next(lines)  # the first block is out: the engine is busy with this request
             waiter = threading.Thread(target=lambda: queued.append(post(url, "/v1/chat/completions", CHAT)))
             waiter.start()
             wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1)
