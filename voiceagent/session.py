@@ -268,7 +268,7 @@ class Session:
                 )
                 # A partial that returns while the user is silent may already hold every word: start
                 # the reply on it; the pause partial then confirms it or starts it again.
-                silent = pause or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+                silent = (pause and self._paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
                 if silent and self.options.preemptive_reply and transcript.text.strip():
                     self._start_preemption(turn, transcript.text.strip())
                 elif not pause:
