@@ -325,23 +325,6 @@ def voiced_bounds(pcm16: Any, level: int = 100) -> tuple[float, float]:
     return loud[0] / 16000, (loud[-1] + 1) / 16000
 
 
-def normalized_words(text: str) -> list[str]:
-    import re
-
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("centre", "center")).split()
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Word-level Levenshtein distance / reference length, ignoring case and punctuation."""
-    ref, hyp = normalized_words(reference), normalized_words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        previous, row[0] = row[:], i
-        for j, h in enumerate(hyp, 1):
-            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (r != h))
-    return row[-1] / max(1, len(ref))
-
-
 class FakePipeline:
     """`Pipeline.new_session` on the fakes above, for gateway tests: every session hears `transcript` and
     answers `blocks`, each word spoken as `word_ms` of tone. The sessions made are kept in `sessions`."""

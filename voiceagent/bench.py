@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 
 from voiceagent.audio import SAMPLE_RATE, read_wav, resample
 from voiceagent.config import Settings
+from voiceagent.wer import word_error_rate
 
 DEFAULT_QUESTIONS = Path("bench/voice_questions.txt")
 VOICES = ("piper", "espeak:en-us", "espeak:en-gb-x-rp")
@@ -75,21 +75,6 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
         "max": round(float(data.max()), 1),
         "n": int(data.size),
     }
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Word-level edit distance over the reference length (punctuation and case ignored)."""
-    ref, hyp = _words(reference), _words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
-    return row[len(hyp)] / max(1, len(ref))
 
 
 async def run_clips(

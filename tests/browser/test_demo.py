@@ -23,9 +23,10 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
 
-from tests.fakes import espeak_speech, normalized_words
+from tests.fakes import espeak_speech
 from tests.servers import free_port
 from voiceagent.audio import SAMPLE_RATE, write_wav
+from voiceagent.wer import normalized_words
 
 pytestmark = pytest.mark.bundled
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.fakes import espeak_speech, silence, word_error_rate
+from tests.fakes import espeak_speech, silence
 from tests.gateway.helpers import client, running
 from tests.gateway.twilio_sim import RATE, TwilioCaller
 from voiceagent.audio import resample
@@ -19,6 +19,7 @@ from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
 from voiceagent.session import Session
+from voiceagent.wer import word_error_rate
 
 pytestmark = pytest.mark.bundled
 

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fakes import espeak_speech, normalized_words, silence, voiced_bounds, word_error_rate
+from tests.fakes import espeak_speech, silence, voiced_bounds
 from voiceagent.asr import AsrOptions, StreamingRecognizer, Transcript, load_whisper
 from voiceagent.audio import FRAME_SAMPLES, frames
+from voiceagent.wer import normalized_words, word_error_rate
 
 SENTENCES = [
     "What time does the next train to the city centre leave from this station?",

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fakes import word_error_rate
 from voiceagent.audio import read_wav, write_wav
+from voiceagent.wer import word_error_rate
 
 pytestmark = pytest.mark.bundled
 

@@ -2,7 +2,6 @@
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from voiceagent.audio import SAMPLE_RATE
 from voiceagent.chunker import PhraseChunker
 from voiceagent.tts import EspeakSynthesizer, PiperSynthesizer, Synthesizer, load_synthesizer, synthesize_at
 from voiceagent.voices import VoiceError
+from voiceagent.wer import word_error_rate
 
 pytestmark = pytest.mark.bundled
 
@@ -44,23 +44,6 @@ def whisper() -> Any:
 
 def rms(pcm16: np.ndarray) -> float:
     return float(np.sqrt(np.mean(pcm16.astype(np.float64) ** 2)))
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference), words(hypothesis)
-    distance = list(range(len(hyp) + 1))  # Levenshtein over words, one row at a time
-    for i, ref_word in enumerate(ref, 1):
-        previous, distance[0] = distance[0], i
-        for j, hyp_word in enumerate(hyp, 1):
-            previous, distance[j] = (
-                distance[j],
-                min(distance[j] + 1, distance[j - 1] + 1, previous + (ref_word != hyp_word)),
-            )
-    return distance[-1] / len(ref)
 
 
 def speak_reply(synthesizer: Synthesizer, reply: str) -> np.ndarray:
