@@ -30,7 +30,7 @@ from engine.speculative import Verdict, verify_greedy, verify_sampled
 
 Clock = Callable[[], float]
 PREFILL_CHUNK = 512  # bounds the [T, S] attention mask and activations of a long prompt
-FUSED_PREFILL = 64  # a prompt's last ids (up to this many) are fed with the first block, not before it
+FUSED_PREFILL = 64  # a prompt's last ids (up to this many) reach the target with its first verification
 
 
 @dataclass(frozen=True)
@@ -219,9 +219,12 @@ class _Generation:
     def run(self) -> Iterator[CommittedBlock]:
         started = self.clock()
         self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
-        for state in self.conv.states:  # the prompt's last ids go with the first block: one forward fewer
+        # The target's last prompt ids go with its first verification: one forward fewer. The draft gains
+        # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting.
+        for state in self.conv.states:
             if not self._cancelled():
-                _prefill_state(state, self.conv.tokens, leave=FUSED_PREFILL)
+                leave = FUSED_PREFILL if state is self.conv.target else 1
+                _prefill_state(state, self.conv.tokens, leave=leave)
         self.stats.prefill_s = self.clock() - started
         while True:
             step = None if self._cancelled() else self._step()
@@ -286,8 +289,7 @@ class _Generation:
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
-                pending = tokens[draft.valid :]  # the prompt's tail on the first block: eager, not static
-                logits = draft.feed(pending, draft.valid, "last" if len(pending) <= 2 else 1)
+                logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
             if self.params.greedy:
                 token = logits.argmax(dim=-1)
