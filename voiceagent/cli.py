@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     talk.add_argument("wav", type=Path, help="any WAV (any rate, any channels)")
     talk.add_argument("--out", type=Path, default=None, help="write the agent's spoken reply here")
     talk.add_argument("--trace", type=Path, default=None, help="append the JSONL latency trace here")
+    talk.add_argument(
+        "--record-audio", action="store_true", help="keep the input audio beside the trace, for `replay`"
+    )
     talk.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
     talk.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
     talk.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
@@ -75,10 +78,14 @@ def _talk(args: argparse.Namespace) -> int:
 
     if not args.wav.is_file():
         raise ValueError(f"{args.wav} does not exist")
+    if args.record_audio and args.trace is None:
+        raise ValueError("--record-audio keeps the audio beside the trace: give --trace too")
     audio = read_wav(args.wav)  # a file that is not audio fails here, before any model loads
     settings = _settings(args)
     pipeline = Pipeline.load(settings, log=lambda message: print(message, file=sys.stderr, flush=True))
-    result = asyncio.run(talk(audio, pipeline, trace_path=args.trace, fast=args.fast))
+    result = asyncio.run(
+        talk(audio, pipeline, trace_path=args.trace, fast=args.fast, record_audio=args.record_audio)
+    )
     if args.out is not None:
         audio = np.concatenate(result.reply_audio) if result.reply_audio else np.zeros(0, dtype=np.int16)
         write_wav(args.out, audio, result.output_rate)

@@ -24,7 +24,8 @@
                              Twilio calls, for the TwiML stream URL and the signature (default: the
                              request's own Host and X-Forwarded-Proto).
     VOICEAGENT_WEB_DIR (the browser demo's static files), VOICEAGENT_TRACE_DIR (one JSONL trace per
-    gateway session, off by default).
+    gateway session, off by default), VOICEAGENT_RECORD_AUDIO (1: keep each session's input audio beside
+    its trace, for `voiceagent replay`; off by default).
 
 A bad value raises pydantic's ValidationError (a ValueError) naming the variable.
 """
@@ -77,6 +78,7 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(65536, ge=1024)  # one WebSocket message (1 s of 16 kHz PCM16 = 32000)
     twilio_auth_token: SecretStr | None = None
     public_url: str | None = None
+    record_audio: bool = False  # the user's input audio beside each trace (needs VOICEAGENT_TRACE_DIR)
     web_dir: Path | None = None  # default: web/ beside the voiceagent package
     trace_dir: Path | None = None
 

@@ -123,6 +123,7 @@ class Session:
         if frame.shape != (FRAME_SAMPLES,) or frame.dtype != np.int16:
             raise ValueError(f"audio frames must be [{FRAME_SAMPLES}] int16, got {frame.shape} {frame.dtype}")
         t = self.clock.now_ns() if t_ns is None else t_ns
+        self.trace.record_audio(frame, t, self.turn)
         # Every frame goes to the recogniser: before speech_start it keeps them as pre-roll, since the VAD
         # decides a start only after some voiced audio.
         self.recognizer.push(frame)
@@ -377,7 +378,8 @@ class Session:
             self.trace.write(
                 "llm.first_block", turn, n_drafted=drafted, n_accepted=accepted, preemptive=preemptive
             )
-        self.trace.write("llm.block", turn, text=block.text, n_drafted=drafted, n_accepted=accepted)
+        counts = {"n_tokens": block.n_tokens, "n_drafted": drafted, "n_accepted": accepted}
+        self.trace.write("llm.block", turn, text=block.text, **counts)
 
     async def _speak(self, turn: int, phrases: asyncio.Queue[str | None]) -> None:
         rate = self.options.output_rate

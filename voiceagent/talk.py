@@ -83,21 +83,31 @@ async def talk(
     fast: bool = False,
     clock: Clock | None = None,
     options: SessionOptions | None = None,
+    record_audio: bool = False,
+    speed: float = 1.0,
 ) -> TalkResult:
-    """Plays `audio` (mono int16, 16 kHz) through a new session on `pipeline`, as if spoken live; returns
-    what was heard and said, with the latencies of each turn."""
+    """Plays `audio` (mono int16, 16 kHz) through a new session on `pipeline`, as if spoken live (`speed`
+    times real time); returns what was heard and said, with the latencies of each turn. `record_audio`
+    keeps the input audio beside the trace (voiceagent/recording.py)."""
+    if speed <= 0:
+        raise ValueError(f"speed must be > 0, got {speed}")
     await pipeline.warm_up()
     clock = clock or (FastForwardClock() if fast else MonotonicClock())
-    trace = Trace(trace_path, uuid.uuid4().hex[:12], clock)
+    trace = Trace(trace_path, uuid.uuid4().hex[:12], clock, record_audio=record_audio)
     session = pipeline.new_session(clock, trace, options)
     result = TalkResult(output_rate=session.options.output_rate)
     transport = _Transport(session, clock, fast, result)
     playing = asyncio.create_task(transport.run())
     try:
         silence = np.zeros(int(TRAILING_SILENCE_S * 1000 / FRAME_MS) * FRAME_SAMPLES, dtype=np.int16)
-        for frame in frames(np.concatenate([audio, silence])):
+        start_ns = clock.now_ns()
+        for k, frame in enumerate(frames(np.concatenate([audio, silence]))):
             await session.push_audio(frame)
-            await clock.sleep(FRAME_MS / 1000)
+            if fast:
+                await clock.sleep(FRAME_MS / 1000)
+            else:  # on a schedule: time spent pushing a frame does not slow the pace down
+                due_ns = start_ns + (k + 1) * FRAME_MS * 1_000_000 / speed
+                await clock.sleep(max(0.0, (due_ns - clock.now_ns()) / 1e9))
             if fast and session.replying:
                 # Fast-forwarding while the agent works would add the skipped time to its latencies:
                 # take the turns one at a time instead.

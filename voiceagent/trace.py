@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from voiceagent.clock import Clock
+from voiceagent.recording import AudioRecorder
 
 # The headline stages, each measured from the end of the user's speech.
 LATENCY_EVENTS = {
@@ -22,16 +25,28 @@ LATENCY_EVENTS = {
 
 
 class Trace:
-    """Writes trace records to `path` (if given) and keeps them in memory for the session's own figures."""
+    """Writes trace records to `path` (if given) and keeps them in memory for the session's own figures.
+    With `record_audio` (and a path) the user's input audio is kept too, in `S.audio/` beside `S.jsonl`."""
 
-    def __init__(self, path: Path | str | None, session_id: str, clock: Clock) -> None:
+    def __init__(
+        self, path: Path | str | None, session_id: str, clock: Clock, *, record_audio: bool = False
+    ) -> None:
         self.session_id = session_id
         self.clock = clock
         self.records: list[dict[str, Any]] = []
         self._file: TextIO | None = None
+        self._audio: AudioRecorder | None = None
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # closed in close()
+            if record_audio:
+                self._audio = AudioRecorder(path.with_suffix(".audio"), self.write)
+
+    def record_audio(self, frame: np.ndarray, t_ns: int, turn: int) -> None:
+        """Keeps one input frame when recording is on (see voiceagent/recording.py); else does nothing."""
+        if self._audio is not None:
+            self._audio.push(frame, t_ns, turn)
 
     def write(self, event: str, turn: int, t_ns: int | None = None, **data: Any) -> dict[str, Any]:
         record = {
@@ -49,6 +64,9 @@ class Trace:
         return record
 
     def close(self) -> None:
+        if self._audio is not None:
+            self._audio.close()
+            self._audio = None
         if self._file is not None:
             self._file.close()
             self._file = None

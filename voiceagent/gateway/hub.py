@@ -129,7 +129,7 @@ class SessionHub:
             )
         session_id = uuid.uuid4().hex[:12]
         path = None if self.settings.trace_dir is None else self.settings.trace_dir / f"{session_id}.jsonl"
-        trace = Trace(path, session_id, self.clock)
+        trace = Trace(path, session_id, self.clock, record_audio=self.settings.record_audio)
         try:
             session = self.pipeline.new_session(self.clock, trace, options)
         except BaseException:

@@ -95,7 +95,10 @@ def event_message(event: Event) -> dict[str, Any] | None:
     if isinstance(event, SpeechStarted):
         return {"type": "vad.speech_start", "turn": turn}
     if isinstance(event, SpeechEnded):
-        return {"type": "vad.speech_end", "turn": turn}
+        # waited_ms: the endpointing silence between the last voiced frame and this event, so a client can
+        # time voice-to-voice latency from the end of speech (as the trace does), not from this message.
+        waited_ms = max(0.0, (event.confirmed_ns - event.t_ns) / 1e6) if event.confirmed_ns else 0.0
+        return {"type": "vad.speech_end", "turn": turn, "waited_ms": round(waited_ms, 3)}
     if isinstance(event, TranscriptPartial):
         return {"type": "transcript.partial", "turn": turn, "text": event.text, "stable": event.stable}
     if isinstance(event, TranscriptFinal):
