@@ -1,0 +1,515 @@
+"""Per-turn latency stages and run statistics from a trace (see voiceagent/trace.py and DESIGN.md).
+
+Every voice stage is measured in milliseconds from the turn's `vad.speech_end` time (`t_ns`: the end of the
+last voiced frame), to the first record of its event:
+
+- `endpointing`: how long the endpointer waited before it was sure (`speech_end.confirmed_ns - t_ns`);
+- `asr_final`: the final transcript (`asr.final`);
+- `first_block`: the first committed block of the reply (`llm.first_block`);
+- `tts_first_audio`: the first synthesized audio (`tts.first_audio`);
+- `voice_to_voice`: the first reply audio handed to the transport (`out.first_audio`).
+
+A typed turn (`asr.final` with `typed: true`, no speech) has no voice stages: its stage values are all None,
+so it never counts in the run's statistics; its waterfall is drawn from the `asr.final` time instead.
+
+Records are not in time order in the file, so nothing here relies on file order. Timestamps that cannot be
+right are reported in `problems` and never counted: a stage that would end before the speech ended (a
+negative value), and any record older than its session's `session.start`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from voiceagent.replay.traces import TraceFile, is_known_event
+
+# The stages in pipeline order, each measured from the end of the user's speech.
+STAGES = ("endpointing", "asr_final", "first_block", "tts_first_audio", "voice_to_voice")
+STAGE_EVENTS = {
+    "asr_final": "asr.final",
+    "first_block": "llm.first_block",
+    "tts_first_audio": "tts.first_audio",
+    "voice_to_voice": "out.first_audio",
+}
+STAGE_TITLES = {
+    "endpointing": "endpointing",
+    "asr_final": "ASR final",
+    "first_block": "LLM first block",
+    "tts_first_audio": "TTS first audio",
+    "voice_to_voice": "voice-to-voice",
+}
+NS_DIGITS = 6  # ms rounded to this many decimals is the nanosecond
+OUTCOMES = ("done", "interrupted", "error", "incomplete")
+# Events a turn is made of: a (session, turn) pair without any of these is not a user turn.
+TURN_OPENERS = frozenset({"vad.speech_start", "vad.speech_end", "asr.final"})
+SESSION_EVENTS = frozenset({"session.start", "session.end"})
+
+
+class Span(NamedTuple):
+    """A bar of the waterfall: `label` from `start_ms` to `end_ms`, relative to the turn's origin."""
+
+    label: str
+    start_ms: float
+    end_ms: float
+
+
+class Marker(NamedTuple):
+    """A point of the waterfall (a committed block): `label` at `t_ms`, with the record's figures."""
+
+    label: str
+    t_ms: float
+    args: dict[str, Any]
+
+
+@dataclass
+class Stats:
+    """Order statistics of one stage over a run's turns, in ms; None where there were no values."""
+
+    n: int
+    p50: float | None = None
+    p95: float | None = None
+    max: float | None = None
+    mean: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "p50": _round(self.p50),
+            "p95": _round(self.p95),
+            "max": _round(self.max),
+            "mean": _round(self.mean),
+        }
+
+
+def percentiles(values: Iterable[float]) -> Stats:
+    """n, median, 95th percentile, max and mean of `values`. The percentiles are numpy's default (linear
+    interpolation between the closest ranks: p95 of [100, 200, 300, 400, 1000] is 400 + 0.8 * 600 = 880).
+    Every figure is rounded to the nanosecond, the trace's resolution (numpy's 879.9999999999999 is 880)."""
+    data = np.asarray(list(values), dtype=np.float64)
+    if data.size == 0:
+        return Stats(0)
+    p50, p95 = np.percentile(data, [50.0, 95.0])
+    figures = (float(p50), float(p95), float(data.max()), float(data.mean()))
+    return Stats(int(data.size), *(round(value, NS_DIGITS) for value in figures))
+
+
+@dataclass
+class Speculative:
+    """Speculative-decoding figures of one turn or a whole run, from the `llm.block` records.
+
+    `tokens`, `drafted` and `accepted` add up the blocks' `n_tokens`, `n_drafted` and `n_accepted` (a null
+    count adds nothing). `decode_ms` / `decode_tokens` is the time from the first block to the last, over
+    the tokens committed after the first block: its ratio is the decoding speed seen by the listener."""
+
+    blocks: int = 0
+    blocks_with_tokens: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    decode_ms: float = 0.0
+    decode_tokens: int = 0
+    preemptive_turns: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted (None when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_block(self) -> float | None:
+        """Tokens per committed block, over the blocks whose token count is known."""
+        return self.tokens / self.blocks_with_tokens if self.blocks_with_tokens else None
+
+    @property
+    def ms_per_token(self) -> float | None:
+        """(last block time - first block time) / (tokens - the first block's tokens), when defined."""
+        return self.decode_ms / self.decode_tokens if self.decode_tokens else None
+
+    def add(self, other: Speculative) -> Speculative:
+        """The sum of two sets of figures (a run's figures add up its turns')."""
+        return Speculative(
+            blocks=self.blocks + other.blocks,
+            blocks_with_tokens=self.blocks_with_tokens + other.blocks_with_tokens,
+            tokens=self.tokens + other.tokens,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            decode_ms=self.decode_ms + other.decode_ms,
+            decode_tokens=self.decode_tokens + other.decode_tokens,
+            preemptive_turns=self.preemptive_turns + other.preemptive_turns,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": _round(self.acceptance_rate, 4),
+            "tokens_per_block": _round(self.tokens_per_block, 4),
+            "ms_per_token": _round(self.ms_per_token),
+            "preemptive_turns": self.preemptive_turns,
+        }
+
+
+@dataclass
+class TurnTiming:
+    """One user turn of one session: its stages (ms from the end of speech, None when missing or not
+    counted), what was said, how it ended (one of OUTCOMES), and the waterfall's spans and markers.
+
+    `origin_ns` is the absolute time the spans are relative to: the `vad.speech_end` time, or the
+    `asr.final` time of a typed turn; None when the turn has neither (no spans then)."""
+
+    session: str
+    turn: int
+    stages: dict[str, float | None]
+    transcript: str = ""
+    reply: str = ""
+    outcome: str = "incomplete"
+    typed: bool = False
+    error: str | None = None
+    origin_ns: int | None = None
+    speculative: Speculative = field(default_factory=Speculative)
+    spans: list[Span] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+
+    @property
+    def voice_to_voice(self) -> float | None:
+        return self.stages.get("voice_to_voice")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "turn": self.turn,
+            "typed": self.typed,
+            "outcome": self.outcome,
+            "error": self.error,
+            "transcript": self.transcript,
+            "reply": self.reply,
+            "stages": {name: _round(value) for name, value in self.stages.items()},
+            "speculative": self.speculative.to_json(),
+        }
+
+
+@dataclass
+class RunSummary:
+    """A whole trace (one run, possibly several sessions): its turns, each stage's statistics over the
+    turns that have it, the run's speculative figures, and every problem met reading or analysing it."""
+
+    label: str
+    turns: list[TurnTiming]
+    stages: dict[str, Stats]
+    speculative: Speculative
+    problems: list[str]
+    path: str = ""
+
+    @property
+    def voice_to_voice(self) -> Stats:
+        return self.stages["voice_to_voice"]
+
+    def outcomes(self) -> dict[str, int]:
+        """How many turns ended each way."""
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for turn in self.turns:
+            counts[turn.outcome] = counts.get(turn.outcome, 0) + 1
+        return counts
+
+    def text_table(self) -> str:
+        """The run's statistics as a plain-text table for the terminal."""
+        lines = [f"{self.label}: {len(self.turns)} turn(s), " + _outcome_words(self.outcomes())]
+        lines.append(f"  {'stage':<18}{'n':>5}{'p50 ms':>10}{'p95 ms':>10}{'max ms':>10}{'mean ms':>10}")
+        for name, stats in self.stages.items():
+            cells = "".join(f"{_ms(value):>10}" for value in (stats.p50, stats.p95, stats.max, stats.mean))
+            lines.append(f"  {STAGE_TITLES.get(name, name):<18}{stats.n:>5}{cells}")
+        lines.append("  " + speculative_words(self.speculative))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for `--json` (ms rounded to the microsecond); voice_to_voice is also at the top."""
+        return {
+            "label": self.label,
+            "path": self.path,
+            "turns": len(self.turns),
+            "outcomes": self.outcomes(),
+            "voice_to_voice": self.voice_to_voice.to_json(),
+            "stages": {name: stats.to_json() for name, stats in self.stages.items()},
+            "speculative": self.speculative.to_json(),
+            "problems": list(self.problems),
+            "per_turn": [turn.to_json() for turn in self.turns],
+        }
+
+
+def summarize(trace: TraceFile, label: str) -> RunSummary:
+    """The run's turns and statistics; the trace's reading problems come first in `problems`."""
+    problems = list(trace.problems)
+    turns = analyse_records(trace.records, problems)
+    stages = {name: percentiles(_present(turn.stages[name] for turn in turns)) for name in STAGES}
+    speculative = Speculative()
+    for turn in turns:
+        speculative = speculative.add(turn.speculative)
+    return RunSummary(label, turns, stages, speculative, problems, path=str(trace.path))
+
+
+def analyse_records(records: Sequence[dict[str, Any]], problems: list[str]) -> list[TurnTiming]:
+    """The user turns in `records` (any order, any number of sessions), sorted by session (first record
+    first) then turn number. Appends what it had to leave out to `problems`."""
+    usable = [record for record in records if is_known_event(record["event"])]
+    usable = _drop_before_session_start(usable, problems)
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    session_first: dict[str, int] = {}
+    for record in usable:
+        session = record["session"]
+        session_first[session] = min(session_first.get(session, record["t_ns"]), record["t_ns"])
+        if record["event"] not in SESSION_EVENTS:
+            groups[(session, record["turn"])].append(record)
+    keys = [key for key, group in groups.items() if any(r["event"] in TURN_OPENERS for r in group)]
+    keys.sort(key=lambda key: (session_first[key[0]], key[0], key[1]))
+    return [analyse_turn(session, turn, groups[(session, turn)], problems) for session, turn in keys]
+
+
+def _drop_before_session_start(records: list[dict[str, Any]], problems: list[str]) -> list[dict[str, Any]]:
+    """Records older than their session's `session.start` (clock trouble, or a mixed-up file) are left out."""
+    starts: dict[str, int] = {}
+    for record in records:
+        if record["event"] == "session.start":
+            session = record["session"]
+            starts[session] = min(starts.get(session, record["t_ns"]), record["t_ns"])
+    kept: list[dict[str, Any]] = []
+    early: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        start = starts.get(record["session"])
+        if start is not None and record["t_ns"] < start:
+            early[record["session"]].append(record)
+        else:
+            kept.append(record)
+    for session, dropped in early.items():
+        first = min(dropped, key=lambda r: r["t_ns"])
+        problems.append(
+            f"session {session or '(none)'}: {len(dropped)} record(s) dated before its session.start "
+            f"(out-of-order timestamps, e.g. turn {first['turn']} {first['event']} "
+            f"{(starts[session] - first['t_ns']) / 1e6:.1f} ms early): not counted"
+        )
+    return kept
+
+
+class _Turn:
+    """The records of one turn, by event, each event's list in time order."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.by_event: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in sorted(records, key=lambda r: r["t_ns"]):
+            self.by_event[record["event"]].append(record)
+
+    def first(self, event: str) -> dict[str, Any] | None:
+        found = self.by_event.get(event)
+        return found[0] if found else None
+
+    def all(self, event: str) -> list[dict[str, Any]]:
+        return self.by_event.get(event, [])
+
+
+def analyse_turn(session: str, number: int, records: list[dict[str, Any]], problems: list[str]) -> TurnTiming:
+    """One turn's stages, outcome, speculative figures and waterfall (see the module's docstring)."""
+    turn = _Turn(records)
+    where = f"session {session or '(none)'} turn {number}"
+    timing = TurnTiming(session, number, dict.fromkeys(STAGES))
+    final = turn.first("asr.final")
+    if final is not None:
+        timing.transcript = _text(final.get("text"))
+        timing.typed = final.get("typed") is True
+    timing.outcome, timing.error = _outcome(turn)
+    blocks = turn.all("llm.block")
+    end = turn.first("vad.speech_end")
+    if timing.typed and end is None:
+        origin: int | None = final["t_ns"] if final is not None else None
+    else:
+        origin = end["t_ns"] if end is not None else None
+    timing.origin_ns = origin
+    timing.reply = _reply(turn, blocks)
+    timing.speculative = _speculative(turn, blocks)
+    if origin is None:
+        return timing
+
+    def at(record: dict[str, Any] | None, name: str) -> float | None:
+        """ms from the origin to `record`; None (and a problem) when it would be before the origin."""
+        if record is None:
+            return None
+        ms = (record["t_ns"] - origin) / 1e6
+        if ms < 0:
+            problems.append(
+                f"{where}: {name} is {-ms:.1f} ms before the end of speech (out-of-order "
+                "timestamps): not counted"
+            )
+            return None
+        return ms
+
+    confirmed_ms: float | None = None
+    if end is not None:
+        confirmed = end.get("confirmed_ns")
+        if not _is_int(confirmed):
+            problems.append(f"{where}: vad.speech_end has no integer confirmed_ns: no endpointing time")
+        elif confirmed < end["t_ns"]:
+            problems.append(
+                f"{where}: vad.speech_end confirmed {(end['t_ns'] - confirmed) / 1e6:.1f} ms "
+                "before the speech ended (out-of-order timestamps): not counted"
+            )
+        else:
+            confirmed_ms = (confirmed - end["t_ns"]) / 1e6
+    points = {name: at(turn.first(event), STAGE_TITLES[name]) for name, event in STAGE_EVENTS.items()}
+    if not timing.typed:
+        timing.stages["endpointing"] = confirmed_ms
+        timing.stages.update(points)
+    block_ms = [(record, at(record, "an llm.block")) for record in blocks]
+    played = [ms for ms in (at(record, "out.played") for record in turn.all("out.played")) if ms is not None]
+    timing.spans = _spans(
+        turn,
+        origin,
+        confirmed_ms,
+        points,
+        [ms for _, ms in block_ms if ms is not None],
+        played,
+        where,
+        problems,
+    )
+    timing.markers = [
+        Marker(f"block {index}", ms, _block_args(record))
+        for index, (record, ms) in enumerate(block_ms, start=1)
+        if ms is not None
+    ]
+    return timing
+
+
+def _spans(
+    turn: _Turn,
+    origin: int,
+    confirmed_ms: float | None,
+    points: dict[str, float | None],
+    block_ms: list[float],
+    played_ms: list[float],
+    where: str,
+    problems: list[str],
+) -> list[Span]:
+    """The waterfall's bars; a bar whose end comes before its start is reported and left out."""
+    spans: list[Span] = []
+
+    def add(label: str, start: float | None, end: float | None) -> None:
+        if start is None or end is None:
+            return
+        if end < start:
+            problems.append(
+                f"{where}: {label} ends {start - end:.1f} ms before it starts (out-of-order "
+                "timestamps): not drawn"
+            )
+            return
+        spans.append(Span(label, start, end))
+
+    start = turn.first("vad.speech_start")
+    if start is not None and turn.first("vad.speech_end") is not None:
+        add("user speech", (start["t_ns"] - origin) / 1e6, 0.0)
+    add("endpointing", 0.0, confirmed_ms)
+    asr_final, first_block = points["asr_final"], points["first_block"]
+    if turn.first("vad.speech_end") is not None:
+        add("ASR final", confirmed_ms if confirmed_ms is not None else 0.0, asr_final)
+    add("LLM first block", asr_final, first_block)
+    if block_ms and first_block is not None and max(block_ms) > first_block:
+        add("LLM decoding", first_block, max(block_ms))
+    add("TTS", first_block, points["tts_first_audio"])
+    if played_ms:
+        add("audio out", points["voice_to_voice"], max(played_ms))
+    return spans
+
+
+def _outcome(turn: _Turn) -> tuple[str, str | None]:
+    """done / interrupted / error / incomplete (an error wins, then a barge-in, then the turn's end)."""
+    error = turn.first("turn.error")
+    if error is not None:
+        return "error", f"{_text(error.get('stage'))}: {_text(error.get('message'))}"
+    if turn.first("turn.interrupted") is not None:
+        return "interrupted", None
+    if turn.first("turn.end") is not None:
+        return "done", None
+    return "incomplete", None
+
+
+def _reply(turn: _Turn, blocks: list[dict[str, Any]]) -> str:
+    """The reply as the turn ended it, or the blocks committed so far."""
+    end = turn.first("turn.end")
+    if end is not None and isinstance(end.get("reply"), str):
+        return str(end["reply"])
+    return "".join(_text(block.get("text")) for block in blocks).strip()
+
+
+def _speculative(turn: _Turn, blocks: list[dict[str, Any]]) -> Speculative:
+    """The turn's block counts; the decoding time needs every block's token count."""
+    figures = Speculative(blocks=len(blocks))
+    counts = [_count(block.get("n_tokens")) for block in blocks]
+    for block, tokens in zip(blocks, counts, strict=True):
+        if tokens is not None:
+            figures.blocks_with_tokens += 1
+            figures.tokens += tokens
+        figures.drafted += _count(block.get("n_drafted")) or 0
+        figures.accepted += _count(block.get("n_accepted")) or 0
+    first_tokens = counts[0] if counts else None
+    if len(blocks) >= 2 and first_tokens is not None and None not in counts:
+        after_first = figures.tokens - first_tokens
+        span_ms = (blocks[-1]["t_ns"] - blocks[0]["t_ns"]) / 1e6
+        if after_first > 0 and span_ms >= 0:
+            figures.decode_tokens, figures.decode_ms = after_first, span_ms
+    first = turn.first("llm.first_block")
+    figures.preemptive_turns = int(first is not None and first.get("preemptive") is True)
+    return figures
+
+
+def _block_args(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "text": _text(record.get("text")),
+        "n_tokens": _count(record.get("n_tokens")),
+        "n_drafted": _count(record.get("n_drafted")),
+        "n_accepted": _count(record.get("n_accepted")),
+    }
+
+
+def speculative_words(figures: Speculative) -> str:
+    """One line about the speculative decoding, e.g. for a table's footer."""
+    rate, per_block, per_token = figures.acceptance_rate, figures.tokens_per_block, figures.ms_per_token
+    return (
+        f"speculative: {figures.blocks} blocks, {figures.tokens} tokens, "
+        f"{figures.accepted}/{figures.drafted} drafted accepted"
+        + ("" if rate is None else f" ({100 * rate:.1f}%)")
+        + ("" if per_block is None else f", {per_block:.2f} tokens/block")
+        + ("" if per_token is None else f", {per_token:.1f} ms/token")
+        + ("" if not figures.preemptive_turns else f", {figures.preemptive_turns} preemptive turn(s)")
+    )
+
+
+def _outcome_words(counts: dict[str, int]) -> str:
+    return ", ".join(f"{count} {name}" for name, count in counts.items() if count) or "none"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [value for value in values if value is not None]
+
+
+def _count(value: Any) -> int | None:
+    """A token count from a record: a non-negative integer, else None."""
+    return value if _is_int(value) and value >= 0 else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
