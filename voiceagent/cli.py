@@ -1,4 +1,5 @@
-"""`voiceagent`: talk to the pipeline from a WAV file; prepare and list the bundled models."""
+"""`voiceagent`: talk to the pipeline from a WAV file, serve it, replay and compare traces, benchmark it;
+prepare and list the bundled models."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from voiceagent.audio import read_wav, write_wav
 from voiceagent.config import Settings
+from voiceagent.replay.cli import add_arguments as add_replay_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
     bench.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
     bench.set_defaults(run=_bench)
+    replay = commands.add_parser(
+        "replay", help="re-drive a recorded trace, report each stage's latency, compare runs (HTML, JSON)"
+    )
+    add_replay_arguments(replay)
+    replay.set_defaults(run=_replay)
     serve = commands.add_parser("serve", help="the voice agent for browsers (/), WebSockets (/ws) and Twilio")
     serve.add_argument("--host", default=None, help="address to listen on (VOICEAGENT_HOST, 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port to listen on (VOICEAGENT_PORT, 8000)")
@@ -98,6 +105,12 @@ def _bench(args: argparse.Namespace) -> int:
     from voiceagent.bench import main as bench_main
 
     return bench_main(args.questions, args.limit, _settings(args), args.traces)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from voiceagent.replay.cli import run
+
+    return run(args, _settings)
 
 
 def _serve(args: argparse.Namespace) -> int:
