@@ -6,15 +6,22 @@ linear interpolation (p95 of [100, 200, 300, 400, 1000] is 400 + 0.8 * 600 = 880
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import statistics
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from voiceagent.replay.analysis import STAGES, Speculative, percentiles, summarize
+from voiceagent.replay.analysis import STAGES, RunSummary, Speculative, percentiles, summarize
+from voiceagent.replay.chrome import chrome_trace
+from voiceagent.replay.compare import compare, is_regression
+from voiceagent.replay.report import write_html, write_png
 from voiceagent.replay.traces import read_trace
 
 T0 = 1_000_000_000_000  # ns: the first session starts here
@@ -356,3 +363,178 @@ def test_a_real_session_trace_format(tmp_path: Path) -> None:
         "tts_first_audio": 500.0,
         "voice_to_voice": 550.0,
     }
+
+
+# ----- comparing runs ----------------------------------------------------------------------------
+
+
+def _run(tmp_path: Path, name: str, v2v: list[float], **turn: Any) -> RunSummary:
+    records = trace_records([Turn(v2v=v, **turn) for v in v2v])
+    return summarize(read_trace(write_jsonl(tmp_path / f"{name}.jsonl", records)), name)
+
+
+@pytest.mark.parametrize(
+    ("base", "new", "regressed"),
+    [
+        ([300.0], [351.0], True),  # +51 ms, +17%
+        ([300.0], [350.0], False),  # +50 ms: not more than 50
+        ([1000.0], [1100.0], False),  # +100 ms but only +10%
+        ([1000.0], [1101.0], True),  # +101 ms, +10.1%
+        ([300.0], [200.0], False),  # faster
+        ([100.0, 200.0, 300.0], [100.0, 400.0, 500.0], True),  # p50 200 -> 400
+    ],
+)
+def test_a_stage_regresses_when_its_p50_grows_beyond_both_thresholds(
+    tmp_path: Path, base: list[float], new: list[float], regressed: bool
+) -> None:
+    comparison = compare(_run(tmp_path, "base", base), _run(tmp_path, "new", new))
+    assert comparison.regressed == (["voice_to_voice"] if regressed else [])
+    delta = comparison.stage("voice_to_voice")
+    assert delta.p50_delta == statistics.median(new) - statistics.median(base)
+    assert delta.regressed is regressed
+    data = comparison.to_json()
+    json.dumps(data)
+    assert data["regressed"] == comparison.regressed
+    assert data["stages"]["voice_to_voice"]["p50_delta_ms"] == delta.p50_delta
+    table = comparison.text_table()
+    assert ("REGRESSED: voice-to-voice" in table) is regressed
+    assert ("no stage regressed" in table) is not regressed
+
+
+def test_comparison_thresholds_and_missing_stages(tmp_path: Path) -> None:
+    base = _run(tmp_path, "base", [100.0, 100.0], tts=None)
+    new = _run(tmp_path, "new", [130.0, 130.0], tts=500.0)
+    assert compare(base, new).regressed == []  # +30 ms
+    tight = compare(base, new, threshold_ms=20.0, threshold_pct=25.0)
+    assert tight.regressed == ["voice_to_voice"]  # +30 ms and +30%
+    assert tight.threshold_ms == 20.0 and tight.stage("voice_to_voice").p50_delta_pct == pytest.approx(30.0)
+    assert compare(base, new, threshold_ms=20.0, threshold_pct=30.0).regressed == []  # 30% is not more
+    tts = tight.stage("tts_first_audio")  # only the new run has it: shown, never a regression
+    assert (tts.base_p50, tts.new_p50, tts.p50_delta, tts.regressed) == (None, 500.0, None, False)
+    assert is_regression(0.0, 60.0, 50.0, 10.0) and not is_regression(0.0, 50.0, 50.0, 10.0)
+    assert not is_regression(None, 900.0, 50.0, 10.0)
+
+
+# ----- the Chrome trace --------------------------------------------------------------------------
+
+
+def test_the_chrome_trace_is_well_formed_and_timed(tmp_path: Path) -> None:
+    turns = [
+        Turn(blocks=[(250.0, 2, 2, 2), (400.0, 3, 4, 3)], played=[600.0, 900.0]),
+        Turn(),
+        Turn(typed=True),
+    ]
+    one = summarize(read_trace(write_jsonl(tmp_path / "a.jsonl", trace_records(turns, session="a"))), "one")
+    two = _run(tmp_path, "two", [100.0, 200.0])
+    trace = chrome_trace([one, two])
+    assert json.loads(json.dumps(trace)) == trace
+    assert trace["displayTimeUnit"] == "ms"
+    events = trace["traceEvents"]
+    for event in events:
+        assert {"name", "ph", "ts", "pid", "tid"} <= event.keys(), event
+        assert event["ph"] in ("X", "i", "M"), event
+        if event["ph"] == "X":
+            assert event["dur"] >= 0, event
+    named = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert named == {1: "one | session a", 2: "two | session s1"}
+    lanes = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in events if e["ph"] != "M"} <= lanes  # every lane has a name
+    timed = [e for e in events if e["ph"] != "M" and e["pid"] == 1]
+    assert min(e["ts"] for e in timed) == 0  # the run's first moment: turn 1's speech start
+    spans = {(e["name"], e["args"]["turn"]): e for e in timed if e["ph"] == "X" and e["cat"] == "stage"}
+    assert spans[("user speech", 1)]["dur"] == 1_500_000
+    assert spans[("endpointing", 1)]["ts"] == 1_500_000 and spans[("endpointing", 1)]["dur"] == 60_000
+    assert spans[("endpointing", 2)]["ts"] - spans[("endpointing", 1)]["ts"] == TURN_GAP_NS / 1000
+    assert spans[("audio out", 1)]["dur"] == 500_000  # first audio at 400 ms, played to 900 ms
+    blocks = [e for e in timed if e["ph"] == "i" and e["cat"] == "llm"]
+    assert [(b["ts"], b["args"]["n_tokens"]) for b in blocks] == [(1_750_000, 2), (1_900_000, 3)]
+    v2v = [e for e in timed if e["name"] == "voice-to-voice"]
+    assert [e["args"]["voice_to_voice_ms"] for e in v2v] == [400.0, 400.0]  # the typed turn has none
+    assert ("LLM first block", 3) in spans  # the typed turn is drawn from its message
+    assert chrome_trace([]) == {"traceEvents": [], "displayTimeUnit": "ms"}
+
+
+# ----- the HTML report and the PNG ---------------------------------------------------------------
+
+HOSTILE = "<script>alert('x')</script> & costs $5"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, RunSummary, RunSummary]:
+    """A report of two runs (the second slower at voice-to-voice) with a comparison."""
+    directory = tmp_path_factory.mktemp("report")
+    turns = [Turn(v2v=400.0, text=HOSTILE, reply="<b>bold</b>", blocks=[(250.0, 2, 2, 2)], played=[700.0])]
+    turns += [Turn(v2v=500.0, typed=True), Turn(outcome="incomplete", endpointing=None, v2v=None)]
+    records = trace_records(turns)
+    records.append({**records[3], "event": "odd.<event>"})
+    base = summarize(read_trace(write_jsonl(directory / "base.jsonl", records)), "base <run>")
+    new = _run(directory, "new", [900.0, 950.0])
+    path = directory / "report.html"
+    write_html(path, [base, new], compare(base, new))
+    return path.read_text(encoding="utf-8"), base, new
+
+
+def test_the_html_report_is_self_contained(report: tuple[str, RunSummary, RunSummary]) -> None:
+    page, _, _ = report
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    assert "<script" not in page.lower() and "<link" not in page.lower() and "@import" not in page
+    assert "<style>" in page
+    # one waterfall per turn position that has something to draw: turn 1 (both runs), turn 2 (typed and
+    # the new run's second turn); the base run's third turn (no end of speech) has nothing to draw
+    assert page.count("<svg") == 2 and page.count("</svg>") == 2
+    assert "<?xml" not in page and "<metadata>" not in page
+    assert page.count("(nothing to draw)") == 1  # position 3: only the base run's turn, unended
+    assert 'class="waterfall"' in page and "viewBox=" in page
+
+
+def test_the_html_report_escapes_the_trace_text(report: tuple[str, RunSummary, RunSummary]) -> None:
+    page, base, _ = report
+    assert "<script>" not in page and "<b>bold</b>" not in page
+    assert html.escape(HOSTILE) in page and "&lt;b&gt;bold&lt;/b&gt;" in page
+    assert "base &lt;run&gt;" in page and "base <run>" not in page
+    assert any("odd.<event>" in problem for problem in base.problems)
+    assert "odd.&lt;event&gt;" in page and "odd.<event>" not in page
+
+
+def test_the_html_report_shows_the_tables(report: tuple[str, RunSummary, RunSummary]) -> None:
+    page, _, _ = report
+    assert page.count('<tr class="regressed">') == 1  # voice-to-voice: 400 -> 925
+    assert "voice-to-voice (regressed)" in page and "Regressed: voice-to-voice" in page
+    assert "+525.0" in page and "+131.2%" in page
+    assert page.count('<table class="turns">') == 2 and page.count('<table class="stages">') == 2
+    assert "done (typed)" in page and "incomplete" in page
+    assert "100.0%" in page  # the base run accepted 2 of 2 drafted
+
+
+def test_the_png_waterfall(tmp_path: Path) -> None:
+    run = _run(tmp_path, "run", [100.0 * k for k in range(1, 9)], blocks=[(250.0, 2, 2, 2)], played=[900.0])
+
+    def size(path: Path) -> tuple[int, int]:
+        header = path.read_bytes()[:24]
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+    write_png(tmp_path / "all.png", run)
+    write_png(tmp_path / "six.png", _run(tmp_path, "six", [100.0 * k for k in range(1, 7)], played=[900.0]))
+    write_png(tmp_path / "one.png", run, turn=2)
+    width, height = size(tmp_path / "all.png")
+    assert width == 1200 and 900 < height < 2400
+    assert size(tmp_path / "six.png")[1] == height  # 8 turns: the first 6 are drawn
+    assert size(tmp_path / "one.png")[0] == 1200 and size(tmp_path / "one.png")[1] < height / 3
+
+
+def test_drawing_leaves_pyplot_alone(tmp_path: Path) -> None:
+    """The report draws on Figure objects: pyplot (and a GUI backend) is never loaded."""
+    code = (
+        "import sys; from pathlib import Path; from voiceagent.replay.report import write_png;"
+        "from voiceagent.replay.analysis import RunSummary, summarize;"
+        "from voiceagent.replay.traces import read_trace;"
+        f"write_png({str(tmp_path / 'x.png')!r}, summarize(read_trace({str(tmp_path / 'x.jsonl')!r}), 'x'));"
+        "print('matplotlib.pyplot' in sys.modules)"
+    )
+    write_jsonl(tmp_path / "x.jsonl", trace_records([Turn()]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    assert (tmp_path / "x.png").stat().st_size > 1000

@@ -18,6 +18,7 @@ import io
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 from matplotlib.artist import Artist
@@ -50,9 +51,17 @@ RUN_ALPHAS = (1.0, 0.75, 0.6, 0.5)
 # ----- pictures ----------------------------------------------------------------------------------
 
 
-def waterfall_figure(entries: Sequence[tuple[str, TurnTiming]], title: str, width_in: float = 9.0) -> Figure:
-    """One turn's waterfall; `entries` are (run label, the run's turn), drawn side by side per lane."""
-    lanes = [lane for lane in SPAN_LANES if any(s.label == lane for _, t in entries for s in t.spans)]
+class RunTurn(NamedTuple):
+    """A turn to draw, with its run's number on the page (`tag`, shown with several runs) and label."""
+
+    tag: str
+    label: str
+    turn: TurnTiming
+
+
+def waterfall_figure(entries: Sequence[RunTurn], title: str, width_in: float = 9.0) -> Figure:
+    """One turn's waterfall; the entries (the same turn in several runs) are drawn side by side per lane."""
+    lanes = [lane for lane in SPAN_LANES if any(s.label == lane for e in entries for s in e.turn.spans)]
     rows = max(len(lanes), 1)
     height_in = 1.2 + 0.3 * rows * max(1.0, len(entries) * 0.7)
     figure = Figure(figsize=(width_in, height_in), layout="constrained")
@@ -64,85 +73,93 @@ def waterfall_figure(entries: Sequence[tuple[str, TurnTiming]], title: str, widt
 
 def draw_turn(
     axes: Axes,
-    entries: Sequence[tuple[str, TurnTiming]],
+    entries: Sequence[RunTurn],
     lanes: list[str],
     legend: bool,
     xlim: tuple[float, float] | None = None,
 ) -> None:
     """Bars per lane (one row per lane, runs side by side within it), block ticks, the speech-end line and
     each run's voice-to-voice; `xlim` defaults to `x_range` of the entries."""
-    count = len(entries)
-    height = 0.8 / count
-    for k, (_, turn) in enumerate(entries):
-        offset = -0.4 + height * (k + 0.5)
-        for span in turn.spans:
-            y = lanes.index(span.label) + offset
-            width = max(span.end_ms - span.start_ms, 0.5)  # a 0 ms bar still shows as a sliver
-            axes.barh(
-                y,
-                width,
-                left=span.start_ms,
-                height=height * 0.9,
-                color=LANE_COLOURS.get(span.label, "#777777"),
-                alpha=RUN_ALPHAS[k % len(RUN_ALPHAS)],
-                hatch=RUN_HATCHES[k % len(RUN_HATCHES)],
-                edgecolor="#333333",
-                linewidth=0.4,
-            )
-        if turn.markers and "LLM decoding" in lanes:
-            y = lanes.index("LLM decoding") + offset
-            axes.plot([m.t_ms for m in turn.markers], [y] * len(turn.markers), "|", color="#1b1b1b", ms=9)
-        v2v = turn.stages.get("voice_to_voice")
+    left, right = xlim or x_range([entry.turn for entry in entries])
+    height = 0.8 / len(entries)
+    for k, entry in enumerate(entries):
+        row_offset = -0.4 + height * (k + 0.5)
+        _draw_bars(axes, entry.turn, lanes, k, row_offset, height, left)
+        v2v = entry.turn.stages.get("voice_to_voice")
         if v2v is not None:
-            axes.axvline(v2v, color="#c0392b", linestyle=":", linewidth=1.2)
-            note = f"voice-to-voice {v2v:.0f} ms" + (f" ({k + 1})" if count > 1 else "")
-            axes.annotate(
-                note,
-                xy=(v2v, 1.0),
-                xytext=(4, -4 - 11 * k),
-                textcoords="offset points",
-                xycoords=("data", "axes fraction"),
-                fontsize=8,
-                color="#c0392b",
-                va="top",
-            )
+            note = f"voice-to-voice {v2v:.0f} ms" + (f" ({entry.tag})" if len(entries) > 1 else "")
+            _draw_v2v(axes, v2v, note, k, near_right=v2v > left + 0.7 * (right - left))
     axes.axvline(0.0, color="black", linestyle="--", linewidth=1.0)
-    left, right = xlim or x_range([turn for _, turn in entries])
     axes.set_xlim(left, right)
-    for k, (_, turn) in enumerate(entries):
-        speech = next((s for s in turn.spans if s.label == "user speech"), None)
-        if speech is not None and "user speech" in lanes and speech.start_ms < left:
-            y = lanes.index("user speech") - 0.4 + height * (k + 0.5)
-            axes.text(left, y, f" ← {-speech.start_ms:.0f} ms of speech", fontsize=7, va="center")
-    typed = all(turn.typed for _, turn in entries)
     axes.set_yticks(range(len(lanes)), [_plain(lane) for lane in lanes], fontsize=8)
     axes.set_ylim(len(lanes) - 0.5 if lanes else 0.5, -0.5)
-    axes.set_xlabel(
-        "ms from the typed message" if typed else "ms from the end of speech (dashed line)", fontsize=8
-    )
+    typed = [entry.turn.typed for entry in entries]
+    origin = "the typed message" if all(typed) else "the end of speech" + (" or typing" if any(typed) else "")
+    axes.set_xlabel(f"ms from {origin} (dashed line)", fontsize=8)
     axes.tick_params(axis="x", labelsize=8)
     axes.grid(axis="x", color="#dddddd", linewidth=0.6)
     axes.set_axisbelow(True)
-    if legend and count > 1:
-        handles: list[Artist] = [
-            Patch(
-                facecolor="#cccccc",
-                hatch=RUN_HATCHES[k % len(RUN_HATCHES)],
-                edgecolor="#333333",
-                alpha=RUN_ALPHAS[k % len(RUN_ALPHAS)],
-                label=_plain(f"({k + 1}) {label}"),
-            )
-            for k, (label, _) in enumerate(entries)
-        ]
-        handles.append(Line2D([], [], color="#1b1b1b", marker="|", linestyle="", label="committed block"))
-        axes.legend(
-            handles=handles,
-            fontsize=7,
-            loc="lower right",
-            bbox_to_anchor=(1.0, 1.0),
-            ncol=len(handles),
-            frameon=False,
+    if legend and len(entries) > 1:
+        _draw_legend(axes, entries)
+
+
+def _draw_bars(
+    axes: Axes, turn: TurnTiming, lanes: list[str], k: int, row_offset: float, height: float, left: float
+) -> None:
+    """Run number `k`'s bars, and its committed blocks as ticks on the decoding lane."""
+    for span in turn.spans:
+        y = lanes.index(span.label) + row_offset
+        width = max(span.end_ms - span.start_ms, 0.5)  # a 0 ms bar still shows as a sliver
+        axes.barh(
+            y,
+            width,
+            left=span.start_ms,
+            height=height * 0.9,
+            color=LANE_COLOURS.get(span.label, "#777777"),
+            alpha=RUN_ALPHAS[k % len(RUN_ALPHAS)],
+            hatch=RUN_HATCHES[k % len(RUN_HATCHES)],
+            edgecolor="#333333",
+            linewidth=0.4,
         )
+        if span.label == "user speech" and span.start_ms < left:  # it runs off the left edge
+            axes.text(left, y, f" ← {-span.start_ms:.0f} ms of speech", fontsize=7, va="center")
+    if turn.markers and "LLM decoding" in lanes:
+        y = lanes.index("LLM decoding") + row_offset
+        axes.plot([m.t_ms for m in turn.markers], [y] * len(turn.markers), "|", color="#1b1b1b", ms=9)
+
+
+def _draw_v2v(axes: Axes, v2v: float, note: str, k: int, near_right: bool) -> None:
+    """A dotted line at the first reply audio, its note at the top (left of the line near the right edge)."""
+    axes.axvline(v2v, color="#c0392b", linestyle=":", linewidth=1.2)
+    axes.annotate(
+        note,
+        xy=(v2v, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4 if near_right else 4, -4 - 11 * k),
+        textcoords="offset points",
+        ha="right" if near_right else "left",
+        va="top",
+        fontsize=8,
+        color="#c0392b",
+    )
+
+
+def _draw_legend(axes: Axes, entries: Sequence[RunTurn]) -> None:
+    """Which hatch is which run, under the picture."""
+    handles: list[Artist] = [
+        Patch(
+            facecolor="#cccccc",
+            hatch=RUN_HATCHES[k % len(RUN_HATCHES)],
+            edgecolor="#333333",
+            alpha=RUN_ALPHAS[k % len(RUN_ALPHAS)],
+            label=_plain(_short(f"({entry.tag}) {entry.label}", 70)),
+        )
+        for k, entry in enumerate(entries)
+    ]
+    handles.append(Line2D([], [], color="#1b1b1b", marker="|", linestyle="", label="committed block"))
+    figure = axes.get_figure()
+    assert isinstance(figure, Figure)
+    figure.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=2, frameon=False)
 
 
 def x_range(turns: Sequence[TurnTiming]) -> tuple[float, float]:
@@ -150,6 +167,7 @@ def x_range(turns: Sequence[TurnTiming]) -> tuple[float, float]:
     itself (a long utterance would squash the stages; its bar runs off the left edge)."""
     starts = [s.start_ms for t in turns for s in t.spans] + [m.t_ms for t in turns for m in t.markers]
     ends = [s.end_ms for t in turns for s in t.spans] + [m.t_ms for t in turns for m in t.markers]
+    ends += [v2v for t in turns if (v2v := t.stages.get("voice_to_voice")) is not None]
     right = max([*ends, 100.0])
     left = min([*starts, 0.0])
     left = max(left, -max(right / 3, 200.0))
@@ -167,7 +185,7 @@ def turns_figure(run: RunSummary, turns: Sequence[TurnTiming], width_in: float =
     shared = x_range(turns)  # one scale for every turn of the picture
     for row, (turn, lanes) in enumerate(zip(turns, lane_sets, strict=True)):
         axes = figure.add_subplot(grid[row])
-        draw_turn(axes, [(run.label, turn)], lanes, legend=False, xlim=shared)
+        draw_turn(axes, [RunTurn("", run.label, turn)], lanes, legend=False, xlim=shared)
         axes.set_title(_plain(_turn_title(turn)), fontsize=9, loc="left")
     if not turns:
         axes = figure.add_subplot(grid[0])
@@ -344,14 +362,16 @@ def _waterfalls_html(runs: list[RunSummary]) -> str:
     if count > drawn:
         parts.append(f'<p class="muted">The first {drawn} of {count} turns are drawn.</p>')
     for index in range(drawn):
-        present = [(run.label, run.turns[index]) for run in runs if index < len(run.turns)]
-        numbered = len(runs) > 1
-        caption = "<br>".join(
-            _e((f"({k + 1}) " if numbered else "") + _turn_title(run.turns[index]))
+        present = [
+            RunTurn(str(k + 1), run.label, run.turns[index])
             for k, run in enumerate(runs)
             if index < len(run.turns)
+        ]
+        numbered = len(runs) > 1
+        caption = "<br>".join(
+            _e((f"({entry.tag}) " if numbered else "") + _turn_title(entry.turn)) for entry in present
         )
-        entries = [(label, turn) for label, turn in present if turn.spans]
+        entries = [entry for entry in present if entry.turn.spans]
         if not entries:
             parts.append(
                 f"<figure><figcaption>Turn {index + 1}: {caption} (nothing to draw)</figcaption></figure>"
