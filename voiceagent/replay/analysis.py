@@ -24,8 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import numpy as np
-
+from voiceagent.replay.stats import Speculative, Stats, percentiles, rounded, speculative_words
 from voiceagent.replay.traces import TraceFile, is_known_event
 
 # The stages in pipeline order, each measured from the end of the user's speech.
@@ -43,11 +42,15 @@ STAGE_TITLES = {
     "tts_first_audio": "TTS first audio",
     "voice_to_voice": "voice-to-voice",
 }
-NS_DIGITS = 6  # ms rounded to this many decimals is the nanosecond
 OUTCOMES = ("done", "interrupted", "error", "incomplete")
 # Events a turn is made of: a (session, turn) pair without any of these is not a user turn.
 TURN_OPENERS = frozenset({"vad.speech_start", "vad.speech_end", "asr.final"})
 SESSION_EVENTS = frozenset({"session.start", "session.end"})
+# Records dated by the start of their audio, not by when they were written: the gateway dates a frame from
+# its message's arrival minus the message's audio length (gateway/inbound.py), so the first frames may come
+# before session.start by up to one client message (a Twilio frame: 20 ms; a WebSocket chunk: more).
+AUDIO_DATED = frozenset({"vad.speech_start", "vad.speech_end", "rec.audio"})
+AUDIO_DATED_SLACK_NS = 1_000_000_000
 
 
 class Span(NamedTuple):
@@ -64,96 +67,6 @@ class Marker(NamedTuple):
     label: str
     t_ms: float
     args: dict[str, Any]
-
-
-@dataclass
-class Stats:
-    """Order statistics of one stage over a run's turns, in ms; None where there were no values."""
-
-    n: int
-    p50: float | None = None
-    p95: float | None = None
-    max: float | None = None
-    mean: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "p50": _round(self.p50),
-            "p95": _round(self.p95),
-            "max": _round(self.max),
-            "mean": _round(self.mean),
-        }
-
-
-def percentiles(values: Iterable[float]) -> Stats:
-    """n, median, 95th percentile, max and mean of `values`. The percentiles are numpy's default (linear
-    interpolation between the closest ranks: p95 of [100, 200, 300, 400, 1000] is 400 + 0.8 * 600 = 880).
-    Every figure is rounded to the nanosecond, the trace's resolution (numpy's 879.9999999999999 is 880)."""
-    data = np.asarray(list(values), dtype=np.float64)
-    if data.size == 0:
-        return Stats(0)
-    p50, p95 = np.percentile(data, [50.0, 95.0])
-    figures = (float(p50), float(p95), float(data.max()), float(data.mean()))
-    return Stats(int(data.size), *(round(value, NS_DIGITS) for value in figures))
-
-
-@dataclass
-class Speculative:
-    """Speculative-decoding figures of one turn or a whole run, from the `llm.block` records.
-
-    `tokens`, `drafted` and `accepted` add up the blocks' `n_tokens`, `n_drafted` and `n_accepted` (a null
-    count adds nothing). `decode_ms` / `decode_tokens` is the time from the first block to the last, over
-    the tokens committed after the first block: its ratio is the decoding speed seen by the listener."""
-
-    blocks: int = 0
-    blocks_with_tokens: int = 0
-    tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    decode_ms: float = 0.0
-    decode_tokens: int = 0
-    preemptive_turns: int = 0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """accepted / drafted (None when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_block(self) -> float | None:
-        """Tokens per committed block, over the blocks whose token count is known."""
-        return self.tokens / self.blocks_with_tokens if self.blocks_with_tokens else None
-
-    @property
-    def ms_per_token(self) -> float | None:
-        """(last block time - first block time) / (tokens - the first block's tokens), when defined."""
-        return self.decode_ms / self.decode_tokens if self.decode_tokens else None
-
-    def add(self, other: Speculative) -> Speculative:
-        """The sum of two sets of figures (a run's figures add up its turns')."""
-        return Speculative(
-            blocks=self.blocks + other.blocks,
-            blocks_with_tokens=self.blocks_with_tokens + other.blocks_with_tokens,
-            tokens=self.tokens + other.tokens,
-            drafted=self.drafted + other.drafted,
-            accepted=self.accepted + other.accepted,
-            decode_ms=self.decode_ms + other.decode_ms,
-            decode_tokens=self.decode_tokens + other.decode_tokens,
-            preemptive_turns=self.preemptive_turns + other.preemptive_turns,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "blocks": self.blocks,
-            "tokens": self.tokens,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "acceptance_rate": _round(self.acceptance_rate, 4),
-            "tokens_per_block": _round(self.tokens_per_block, 4),
-            "ms_per_token": _round(self.ms_per_token),
-            "preemptive_turns": self.preemptive_turns,
-        }
 
 
 @dataclass
@@ -190,7 +103,7 @@ class TurnTiming:
             "error": self.error,
             "transcript": self.transcript,
             "reply": self.reply,
-            "stages": {name: _round(value) for name, value in self.stages.items()},
+            "stages": {name: rounded(value) for name, value in self.stages.items()},
             "speculative": self.speculative.to_json(),
         }
 
@@ -272,7 +185,8 @@ def analyse_records(records: Sequence[dict[str, Any]], problems: list[str]) -> l
 
 
 def _drop_before_session_start(records: list[dict[str, Any]], problems: list[str]) -> list[dict[str, Any]]:
-    """Records older than their session's `session.start` (clock trouble, or a mixed-up file) are left out."""
+    """Records older than their session's `session.start` (clock trouble, or a mixed-up file) are left out;
+    audio-dated records only when they are older by more than AUDIO_DATED_SLACK_NS."""
     starts: dict[str, int] = {}
     for record in records:
         if record["event"] == "session.start":
@@ -282,7 +196,8 @@ def _drop_before_session_start(records: list[dict[str, Any]], problems: list[str
     early: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         start = starts.get(record["session"])
-        if start is not None and record["t_ns"] < start:
+        slack = AUDIO_DATED_SLACK_NS if record["event"] in AUDIO_DATED else 0
+        if start is not None and record["t_ns"] < start - slack:
             early[record["session"]].append(record)
         else:
             kept.append(record)
@@ -315,65 +230,29 @@ class _Turn:
 def analyse_turn(session: str, number: int, records: list[dict[str, Any]], problems: list[str]) -> TurnTiming:
     """One turn's stages, outcome, speculative figures and waterfall (see the module's docstring)."""
     turn = _Turn(records)
-    where = f"session {session or '(none)'} turn {number}"
     timing = TurnTiming(session, number, dict.fromkeys(STAGES))
-    final = turn.first("asr.final")
+    final, end = turn.first("asr.final"), turn.first("vad.speech_end")
     if final is not None:
         timing.transcript = _text(final.get("text"))
         timing.typed = final.get("typed") is True
     timing.outcome, timing.error = _outcome(turn)
     blocks = turn.all("llm.block")
-    end = turn.first("vad.speech_end")
-    if timing.typed and end is None:
-        origin: int | None = final["t_ns"] if final is not None else None
-    else:
-        origin = end["t_ns"] if end is not None else None
-    timing.origin_ns = origin
     timing.reply = _reply(turn, blocks)
     timing.speculative = _speculative(turn, blocks)
+    origin = final if timing.typed and end is None else end  # a typed turn is drawn from its message
     if origin is None:
         return timing
-
-    def at(record: dict[str, Any] | None, name: str) -> float | None:
-        """ms from the origin to `record`; None (and a problem) when it would be before the origin."""
-        if record is None:
-            return None
-        ms = (record["t_ns"] - origin) / 1e6
-        if ms < 0:
-            problems.append(
-                f"{where}: {name} is {-ms:.1f} ms before the end of speech (out-of-order "
-                "timestamps): not counted"
-            )
-            return None
-        return ms
-
-    confirmed_ms: float | None = None
-    if end is not None:
-        confirmed = end.get("confirmed_ns")
-        if not _is_int(confirmed):
-            problems.append(f"{where}: vad.speech_end has no integer confirmed_ns: no endpointing time")
-        elif confirmed < end["t_ns"]:
-            problems.append(
-                f"{where}: vad.speech_end confirmed {(end['t_ns'] - confirmed) / 1e6:.1f} ms "
-                "before the speech ended (out-of-order timestamps): not counted"
-            )
-        else:
-            confirmed_ms = (confirmed - end["t_ns"]) / 1e6
-    points = {name: at(turn.first(event), STAGE_TITLES[name]) for name, event in STAGE_EVENTS.items()}
+    timing.origin_ns = origin["t_ns"]
+    clock = _TurnClock(origin["t_ns"], f"session {session or '(none)'} turn {number}", problems)
+    confirmed_ms = None if end is None else clock.endpointing(end)
+    points = {name: clock.ms(turn.first(event), STAGE_TITLES[name]) for name, event in STAGE_EVENTS.items()}
     if not timing.typed:
         timing.stages["endpointing"] = confirmed_ms
         timing.stages.update(points)
-    block_ms = [(record, at(record, "an llm.block")) for record in blocks]
-    played = [ms for ms in (at(record, "out.played") for record in turn.all("out.played")) if ms is not None]
+    block_ms = [(record, clock.ms(record, "an llm.block")) for record in blocks]
+    played = [clock.ms(record, "out.played") for record in turn.all("out.played")]
     timing.spans = _spans(
-        turn,
-        origin,
-        confirmed_ms,
-        points,
-        [ms for _, ms in block_ms if ms is not None],
-        played,
-        where,
-        problems,
+        turn, clock, confirmed_ms, points, _present(ms for _, ms in block_ms), _present(played)
     )
     timing.markers = [
         Marker(f"block {index}", ms, _block_args(record))
@@ -383,15 +262,50 @@ def analyse_turn(session: str, number: int, records: list[dict[str, Any]], probl
     return timing
 
 
+class _TurnClock:
+    """Times of one turn's records in ms from its origin; what cannot be right goes to `problems`."""
+
+    def __init__(self, origin_ns: int, where: str, problems: list[str]) -> None:
+        self.origin_ns, self.where, self.problems = origin_ns, where, problems
+
+    def ms(self, record: dict[str, Any] | None, name: str) -> float | None:
+        """ms from the origin to `record`; None (and a problem) when it would be before the origin."""
+        if record is None:
+            return None
+        ms = (record["t_ns"] - self.origin_ns) / 1e6
+        if ms < 0:
+            self.problem(
+                f"{name} is {-ms:.1f} ms before the end of speech (out-of-order timestamps): not counted"
+            )
+            return None
+        return ms
+
+    def endpointing(self, end: dict[str, Any]) -> float | None:
+        """How long the endpointer waited after the last voiced frame (`confirmed_ns - t_ns`)."""
+        confirmed = end.get("confirmed_ns")
+        if not _is_int(confirmed):
+            self.problem("vad.speech_end has no integer confirmed_ns: no endpointing time")
+            return None
+        waited_ms = (confirmed - end["t_ns"]) / 1e6
+        if waited_ms < 0:
+            self.problem(
+                f"vad.speech_end confirmed {-waited_ms:.1f} ms before the speech ended (out-of-order "
+                "timestamps): not counted"
+            )
+            return None
+        return waited_ms
+
+    def problem(self, text: str) -> None:
+        self.problems.append(f"{self.where}: {text}")
+
+
 def _spans(
     turn: _Turn,
-    origin: int,
+    clock: _TurnClock,
     confirmed_ms: float | None,
     points: dict[str, float | None],
     block_ms: list[float],
     played_ms: list[float],
-    where: str,
-    problems: list[str],
 ) -> list[Span]:
     """The waterfall's bars; a bar whose end comes before its start is reported and left out."""
     spans: list[Span] = []
@@ -400,19 +314,18 @@ def _spans(
         if start is None or end is None:
             return
         if end < start:
-            problems.append(
-                f"{where}: {label} ends {start - end:.1f} ms before it starts (out-of-order "
-                "timestamps): not drawn"
+            clock.problem(
+                f"{label} ends {start - end:.1f} ms before it starts (out-of-order timestamps): not drawn"
             )
             return
         spans.append(Span(label, start, end))
 
-    start = turn.first("vad.speech_start")
-    if start is not None and turn.first("vad.speech_end") is not None:
-        add("user speech", (start["t_ns"] - origin) / 1e6, 0.0)
+    speech_start, spoken = turn.first("vad.speech_start"), turn.first("vad.speech_end") is not None
+    if speech_start is not None and spoken:
+        add("user speech", (speech_start["t_ns"] - clock.origin_ns) / 1e6, 0.0)
     add("endpointing", 0.0, confirmed_ms)
     asr_final, first_block = points["asr_final"], points["first_block"]
-    if turn.first("vad.speech_end") is not None:
+    if spoken:
         add("ASR final", confirmed_ms if confirmed_ms is not None else 0.0, asr_final)
     add("LLM first block", asr_final, first_block)
     if block_ms and first_block is not None and max(block_ms) > first_block:
@@ -473,19 +386,6 @@ def _block_args(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def speculative_words(figures: Speculative) -> str:
-    """One line about the speculative decoding, e.g. for a table's footer."""
-    rate, per_block, per_token = figures.acceptance_rate, figures.tokens_per_block, figures.ms_per_token
-    return (
-        f"speculative: {figures.blocks} blocks, {figures.tokens} tokens, "
-        f"{figures.accepted}/{figures.drafted} drafted accepted"
-        + ("" if rate is None else f" ({100 * rate:.1f}%)")
-        + ("" if per_block is None else f", {per_block:.2f} tokens/block")
-        + ("" if per_token is None else f", {per_token:.1f} ms/token")
-        + ("" if not figures.preemptive_turns else f", {figures.preemptive_turns} preemptive turn(s)")
-    )
-
-
 def _outcome_words(counts: dict[str, int]) -> str:
     return ", ".join(f"{count} {name}" for name, count in counts.items() if count) or "none"
 
@@ -509,7 +409,3 @@ def _is_int(value: Any) -> bool:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
-
-
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
