@@ -23,7 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -44,6 +44,8 @@ class ServerConfig:
     max_queue_len: int = 16  # requests that may wait while one is generated; more get 429
     num_speculative_tokens: int | None = None  # per-position metric series created up front (fixed gamma)
     model_root: str = ""  # the checkpoint the model came from (shown in /v1/models)
+    max_body_bytes: int = 4 * 2**20  # a request body over this is refused (413) before it is read whole
+    body_timeout_s: float = 30.0  # a body that does not arrive within this (a slow-loris sender) gets 408
 
 
 class Server:
@@ -172,7 +174,7 @@ async def _models(request: Request, server: Server) -> Response:
 
 async def _chat_completions(request: Request, server: Server) -> Response:
     server.authorize(request)
-    body = parse_request(await request.body(), ChatCompletionRequest)
+    body = parse_request(await _read_body(request, server.config), ChatCompletionRequest)
     server.check_model(body.model)
     prompt_ids = server.codec.chat(body.messages)
     return await _answer(request, server, body, prompt_ids, "chatcmpl")
@@ -180,10 +182,37 @@ async def _chat_completions(request: Request, server: Server) -> Response:
 
 async def _completions(request: Request, server: Server) -> Response:
     server.authorize(request)
-    body = parse_request(await request.body(), CompletionRequest)
+    body = parse_request(await _read_body(request, server.config), CompletionRequest)
     server.check_model(body.model)
     prompt_ids = server.codec.completion(body.prompt)
     return await _answer(request, server, body, prompt_ids, "cmpl")
+
+
+async def _read_body(request: Request, config: ServerConfig) -> bytes:
+    """The body: at most `config.max_body_bytes`, within `config.body_timeout_s` (else APIError 413, 408)."""
+    limit = config.max_body_bytes
+    too_large = APIError(
+        413, f"The request body is over the server's {limit}-byte limit.", code="body_too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(config.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        timeout = config.body_timeout_s
+        raise APIError(
+            408, f"The request body did not arrive within {timeout:g} s.", code="timeout"
+        ) from None
+    except ClientDisconnect:
+        raise APIError(400, "The client left before sending the whole request body.") from None
+    return b"".join(chunks)
 
 
 async def _answer(

@@ -166,6 +166,8 @@ def parse_request(raw: bytes, model: type[Request]) -> Request:
             400,
             f"We could not parse the JSON body of your request ({error}). The body must be a JSON object.",
         ) from None
+    except RecursionError:
+        raise APIError(400, "The JSON body of your request is nested too deeply to parse.") from None
     if not isinstance(parsed, dict):
         raise APIError(400, "The request body must be a JSON object.")
     try:

@@ -67,5 +67,5 @@ class Channel:
             if self.websocket.application_state != WebSocketState.DISCONNECTED:
                 try:
                     await self.websocket.close(int(code), reason.encode()[:120].decode(errors="ignore"))
-                except (RuntimeError, OSError):
-                    pass
+                except (WebSocketDisconnect, RuntimeError, OSError):
+                    pass  # the peer went away first

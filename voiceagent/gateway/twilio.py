@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from voiceagent.audio import mulaw_encode
 from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway import twilio_protocol as tp
+from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel, Idle
 from voiceagent.gateway.codes import Close
 from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
@@ -42,9 +43,10 @@ MAX_FORM_BYTES = 65536
 async def twilio_voice(request: Request) -> Response:
     """Twilio's voice webhook: TwiML that streams the call to this server's /twilio."""
     hub: SessionHub = request.app.state.hub
-    body = await request.body()
-    if len(body) > MAX_FORM_BYTES:
-        return PlainTextResponse("request body too large", status_code=413)
+    try:
+        body = await read_body(request, MAX_FORM_BYTES)
+    except BodyError as error:
+        return PlainTextResponse(error.message, status_code=error.status)
     params = dict(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
     if (refusal := twilio_refusal(request, hub.settings, params)) is not None:
         return PlainTextResponse(refusal, status_code=403)

@@ -54,6 +54,8 @@ def parse_client_message(raw: str) -> ClientMessage:
         message = json.loads(raw)
     except json.JSONDecodeError as error:
         raise ProtocolError("bad_json", f"a text message must be a JSON object: {error}") from None
+    except RecursionError:  # nested deeper than Python's parser goes: no message of ours is
+        raise ProtocolError("bad_json", "a text message must be a JSON object, not nested so deep") from None
     if not isinstance(message, dict):
         raise ProtocolError("bad_json", "a text message must be a JSON object")
     kind = message.get("type")
