@@ -95,6 +95,7 @@ async def talk(
     clock = clock or (FastForwardClock() if fast else MonotonicClock())
     trace = Trace(trace_path, uuid.uuid4().hex[:12], clock, record_audio=record_audio)
     session = pipeline.new_session(clock, trace, options)
+    trace.write("session.start", 0, transport="talk", output_rate=session.options.output_rate)
     result = TalkResult(output_rate=session.options.output_rate)
     transport = _Transport(session, clock, fast, result)
     playing = asyncio.create_task(transport.run())
@@ -116,6 +117,7 @@ async def talk(
     finally:
         await session.close()
         await playing
+        trace.write("session.end", session.turn)
         trace.close()
     turns = sorted({int(r["turn"]) for r in trace.records if r["event"] == "asr.final" and r.get("text")})
     result.preemptive = any(

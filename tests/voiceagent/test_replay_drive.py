@@ -14,8 +14,10 @@ import soundfile
 from tests.fakes import FakeClock, FakePipeline, silence
 from tests.gateway.helpers import client, fake_app, quiet, running, tone
 from voiceagent.audio import FRAME_SAMPLES, SAMPLE_RATE, frames
+from voiceagent.replay.analysis import summarize
 from voiceagent.replay.drive import replay_local, replay_twilio, replay_ws
 from voiceagent.replay.recordings import recordings
+from voiceagent.replay.traces import read_trace
 from voiceagent.talk import talk
 from voiceagent.trace import Trace
 
@@ -94,7 +96,8 @@ def test_a_recorded_talk_replays_in_process_with_the_same_turns(tmp_path: Path) 
     assert sorted(session.speech_ends) == [1, 2]
     out = tmp_path / "replay.jsonl"
     result = asyncio.run(replay_local(session, FakePipeline(), out, speed=1.0))
-    assert result.transcript == "hello there hello there" and result.reply == "Hi, nice to meet you. Hi, nice to meet you."
+    assert result.transcript == "hello there hello there"
+    assert result.reply == "Hi, nice to meet you. Hi, nice to meet you."
     replayed = read_records(out)
     assert sorted(firsts(replayed, "out.first_audio")) == [1, 2]
     assert {r["session"] for r in replayed} != {session.session}  # a new session
@@ -116,6 +119,8 @@ def test_a_recorded_server_session_replays_through_ws_and_twilio(tmp_path: Path)
                 await c.send_json({"type": "session.end"})
                 await c.closed_with()
             (recorded,) = traces.glob("*.jsonl")
+            served = summarize(read_trace(recorded), label="server")  # the server's own trace analyses too
+            assert served.voice_to_voice.n == 2 and not served.problems, served.text_table()
             (session,) = recordings(read_records(recorded), recorded)
             over_ws = await replay_ws(session, f"ws://{host}/ws", tmp_path / "ws.jsonl", speed=1.0)
             assert over_ws.transcript == "hello there hello there", over_ws
