@@ -152,7 +152,7 @@ def _dumps(value: Any, rng: random.Random) -> str:
 
 def deep_nesting(rng: random.Random, limit: int) -> str:
     """'[[[[...]]]]' (or objects) as deep as fits in `limit` bytes: a stack bomb for recursive parsers."""
-    depth = rng.randint(1000, max(1001, limit // 2 - 2))
+    depth = rng.randint(1000, max(1001, limit // 6 - 1))  # 6 bytes a level for objects: within the limit
     return rng.choice([("[" * depth) + ("]" * depth), '{"a":' * depth + "1" + "}" * depth, "[" * depth])
 
 
@@ -1054,7 +1054,8 @@ async def fuzz_gateway(host: str, plan: Plan, tally: Tally, progress: Progress) 
     for _ in range(max(1, shares["ws"] // plan.ws_per_connection)):
         probes = ws_script(random.Random(rng.random()), plan.ws_per_connection - 1, plan.limit)
         jobs.append(lambda probes=probes: run_ws_script(f"ws://{host}/ws", probes, tally))
-    for _ in range(max(1, shares["twilio"] // (plan.twilio_per_call + 3))):
+    # a call averages ~12 messages: 3/4 are connected, start, 0-24 others and an ending; 1/4 end at the start
+    for _ in range(max(1, -(-shares["twilio"] // (plan.twilio_per_call - 1)))):
         prefix, ending = twilio_script(
             random.Random(rng.random()), rng.randint(0, 2 * plan.twilio_per_call), plan.limit
         )

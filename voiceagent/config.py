@@ -4,7 +4,9 @@
                              http://127.0.0.1:8000/v1 (`python -m engine serve`) or http://vllm:8000/v1
     VOICEAGENT_LLM_MODEL     the model id to ask a remote server for (default: the first it lists)
     VOICEAGENT_LLM_API_KEY   bearer key for a remote server started with --api-key
-    VOICEAGENT_LLM_TIMEOUT_S longest wait for a remote server's next chunk, in seconds
+    VOICEAGENT_LLM_TIMEOUT_S longest wait for the LLM's next block, in seconds: a remote server's next chunk,
+                             or the local engine's next block (a stalled engine is told to cancel); the
+                             turn then fails with a `turn_failed` error and the session carries on
     VOICEAGENT_TARGET, VOICEAGENT_DRAFT ("none" for plain decoding), VOICEAGENT_GAMMA (an integer or
     "auto"), VOICEAGENT_QUANT and VOICEAGENT_DRAFT_QUANT ("none"; "int8", "int4" on the CPU; "fp8" on
     Hopper GPUs),
@@ -19,6 +21,10 @@
                              "https://example.com,http://localhost:3000"; "*" allows any; empty (the
                              default) allows the server's own origin and clients that send no Origin
     VOICEAGENT_MAX_SESSIONS, VOICEAGENT_IDLE_TIMEOUT_S, VOICEAGENT_MAX_MESSAGE_BYTES: gateway limits.
+    VOICEAGENT_MAX_SESSION_S  a session this long is ended (close 4410 with a reason; 3600 by default)
+    VOICEAGENT_MAX_TURN_S    a user utterance longer than this is cut off and not answered, and a reply
+                             still being made after this long is stopped: either way the turn ends with a
+                             `turn_too_long` error and the session carries on (60 by default)
     VOICEAGENT_TWILIO_AUTH_TOKEN  when set, Twilio's X-Twilio-Signature is checked on /twilio/voice and
                              /twilio; VOICEAGENT_PUBLIC_URL (e.g. https://agent.example.com) is the URL
                              Twilio calls, for the TwiML stream URL and the signature (default: the
@@ -76,6 +82,8 @@ class Settings(BaseSettings):
     max_sessions: int = Field(4, ge=1)  # one engine is shared: more sessions share its time
     idle_timeout_s: float = Field(60.0, gt=0)  # nothing from the client this long (and no reply) -> closed
     max_message_bytes: int = Field(65536, ge=1024)  # one WebSocket message (1 s of 16 kHz PCM16 = 32000)
+    max_session_s: float = Field(3600.0, gt=0)  # then the session is closed (4410)
+    max_turn_s: float = Field(60.0, gt=0)  # a longer utterance is cut off; a longer reply is stopped
     twilio_auth_token: SecretStr | None = None
     public_url: str | None = None
     record_audio: bool = False  # the user's input audio beside each trace (needs VOICEAGENT_TRACE_DIR)

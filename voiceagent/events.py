@@ -115,8 +115,10 @@ class Interrupted(InputEvent):
 
 @dataclass(frozen=True)
 class TurnError(InputEvent):
-    """A stage failed: the turn ends, the session keeps listening."""
+    """A stage failed, or the turn ran over VOICEAGENT_MAX_TURN_S (`code` "turn_too_long"): the turn ends,
+    the session keeps listening."""
 
     stage: str
     message: str
+    code: str = "turn_failed"
     trace_name: ClassVar[str] = "turn.error"

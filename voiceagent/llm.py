@@ -7,6 +7,8 @@ committed text that never needs taking back, so the agent may speak each block t
   stream early (a barge-in cancels the task, or the consumer closes the generator) sets the engine's cancel
   event, and generation stops at the next block. One LocalLLM is one conversation: its KV cache keeps the
   prefix the next turn shares. LocalLLMs on one engine take turns block by block under the engine's lock.
+  A block that does not come within `block_timeout_s` (VOICEAGENT_LLM_TIMEOUT_S: a stalled engine) fails
+  the reply with LLMError and sets the cancel event; the next reply waits at most as long for it to stop.
 - `RemoteLLM` streams /v1/chat/completions over SSE (`python -m engine serve`, or vLLM for a 70B target).
   Leaving early closes the connection; the engine server then cancels the generation at its next block.
   Block statistics (drafted, accepted) come with this project's server; vLLM does not send them (None).
@@ -82,6 +84,7 @@ class PrefillingLLM(Protocol):
 
 
 DEFAULT_OPTIONS = ReplyOptions()
+DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
 
 
 class FairLock:
@@ -143,8 +146,14 @@ def engine_lock(engine: Engine) -> FairLock:
 class LocalLLM:
     """The engine in this process, one conversation of it (see the module docstring)."""
 
-    def __init__(self, engine: Engine, *, conversation: Conversation | None = None) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        conversation: Conversation | None = None,
+        block_timeout_s: float = DEFAULT_BLOCK_TIMEOUT_S,
+    ) -> None:
+        self.engine, self.block_timeout_s = engine, block_timeout_s
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine_lock(engine)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
@@ -157,7 +166,11 @@ class LocalLLM:
         from engine.sampling import SamplingParams
 
         if self._running is not None:
-            await asyncio.shield(self._running)  # a cancelled turn ends at its next block; then it is free
+            try:  # a cancelled turn ends at its next block; then it is free
+                await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
+            except TimeoutError:
+                limit = self.block_timeout_s
+                raise LLMError(f"the engine did not stop its previous reply within {limit:g} s") from None
         self._cancel = cancel = threading.Event()
         try:
             prompt = self._fitting_prompt(messages, room=options.max_tokens)
@@ -168,7 +181,13 @@ class LocalLLM:
             raise LLMError(str(error)) from error
         try:
             while True:
-                item = await arrived.get()
+                try:
+                    item = await asyncio.wait_for(arrived.get(), self.block_timeout_s)
+                except TimeoutError:
+                    limit = self.block_timeout_s
+                    raise LLMError(
+                        f"the engine sent no block within {limit:g} s; the reply is cancelled"
+                    ) from None
                 if isinstance(item, Exception):
                     raise LLMError(f"the engine failed: {type(item).__name__}: {item}") from item
                 yield item
@@ -220,7 +239,8 @@ class LocalLLM:
     async def aclose(self) -> None:
         self._cancel.set()
         if self._running is not None:
-            await asyncio.shield(self._running)
+            with contextlib.suppress(TimeoutError):  # a stalled engine: its daemon thread is left behind
+                await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
 
     async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool:
         """Caches the prompt of `messages` ahead of a reply to them or to their continuation (e.g. the
@@ -260,7 +280,9 @@ class LocalLLM:
 
     def fork(self) -> LocalLLM:
         """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""
-        return LocalLLM(self.engine, conversation=self._conversation.fork())
+        return LocalLLM(
+            self.engine, conversation=self._conversation.fork(), block_timeout_s=self.block_timeout_s
+        )
 
 
 class RemoteLLM:
@@ -422,4 +444,5 @@ def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
         return RemoteLLM(
             settings.llm, model=settings.llm_model, api_key=api_key, timeout_s=settings.llm_timeout_s
         )
-    return LocalLLM(engine if engine is not None else load_local_engine(settings))
+    engine = engine if engine is not None else load_local_engine(settings)
+    return LocalLLM(engine, block_timeout_s=settings.llm_timeout_s)

@@ -69,7 +69,10 @@ class Pipeline:
         await asyncio.to_thread(recognizer.decode_final)
         if self.engine is not None and self.template_llm is None:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
-            llm = LocalLLM(self.engine, conversation=self.engine.new_conversation(context))
+            conversation = self.engine.new_conversation(context)
+            llm = LocalLLM(
+                self.engine, conversation=conversation, block_timeout_s=self.settings.llm_timeout_s
+            )
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},
                 {"role": "user", "content": "Hello."},

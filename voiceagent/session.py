@@ -14,7 +14,9 @@ out and how a barge-in knows what the user heard.
   each phrase as soon as it exists, in a task of its own, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
   its queued output events are dropped, and the history keeps only the words already played.
-- A failing stage ends the turn with a `TurnError`; the session keeps listening.
+- A failing stage ends the turn with a `TurnError`; the session keeps listening. So does a turn that runs
+  over `max_turn_s` (code "turn_too_long"): an utterance that long is cut off there and not answered (the
+  session listens again once the user pauses), and a reply still being made after that long is stopped.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class SessionOptions:
     preemptive_reply: bool = True  # start the reply on that partial, before speech_end
     prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
+    max_turn_s: float | None = None  # longest utterance, and longest reply in the making (None: no limit)
 
 
 async def _next_in_thread(chunks: Iterator[np.ndarray]) -> np.ndarray | None:
@@ -103,6 +106,8 @@ class Session:
         self._events: asyncio.Queue[Event | None] = asyncio.Queue()
         self._dropped_turns: set[int] = set()
         self._utterance_open = False
+        self._utterance_start_ns = 0
+        self._cut_turn = 0  # an utterance cut off at max_turn_s: its speech_end is not answered
         self._decoding: asyncio.Task[None] | None = None
         self._last_partial_ns = 0
         self._reply: asyncio.Task[None] | None = None
@@ -132,6 +137,8 @@ class Session:
                 self._start_utterance(edge)
             elif edge.kind == "speech_end":
                 self._end_utterance(edge)
+        if self._utterance_open and self._too_long(t - self._utterance_start_ns):
+            self._cut_utterance()
         if self._utterance_open:
             self._schedule_partial(t)
 
@@ -238,6 +245,7 @@ class Session:
         self._drop_preemption("new utterance")
         self.turn += 1
         self._utterance_open = True
+        self._utterance_start_ns = edge.t_ns
         self._paused = False
         self._prefilled = ""
         self._last_partial_ns = edge.confirmed_ns
@@ -246,7 +254,25 @@ class Session:
         self._emit(SpeechStarted(edge.t_ns, self.turn))
         self.trace.write("vad.speech_start", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
 
+    def _too_long(self, elapsed_ns: int) -> bool:
+        limit = self.options.max_turn_s
+        return limit is not None and elapsed_ns > limit * 1e9
+
+    def _cut_utterance(self) -> None:
+        """The user has spoken for longer than max_turn_s: the turn ends unanswered, with an error."""
+        turn, limit = self.turn, self.options.max_turn_s
+        self._utterance_open = False
+        self._cut_turn = turn
+        self._drop_preemption("utterance too long")
+        message = f"the utterance was longer than the {limit:g} s limit (VOICEAGENT_MAX_TURN_S); not answered"
+        self._emit(TurnError(self.clock.now_ns(), turn, "input", message, "turn_too_long"))
+        self.trace.write("turn.error", turn, stage="input", code="turn_too_long", message=message)
+        self._update_idle()
+
     def _end_utterance(self, edge: VadEdgeLike) -> None:
+        if self._cut_turn == self.turn:  # the end of an utterance already cut off
+            self._cut_turn = 0
+            return
         self._utterance_open = False
         self._emit(SpeechEnded(edge.t_ns, self.turn, confirmed_ns=edge.confirmed_ns))
         self.trace.write("vad.speech_end", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
@@ -343,24 +369,31 @@ class Session:
             if preempt is not None
             else self.llm.stream(list(self.history), self.options.reply)
         )
+        limit = asyncio.timeout(self.options.max_turn_s)
         try:
-            chunker = self.new_chunker()
-            async for block in blocks:
-                self._on_block(turn, block, first=not reply, preemptive=preempt is not None)
-                reply += block.text
-                for phrase in chunker.push(block.text):
+            async with limit:
+                chunker = self.new_chunker()
+                async for block in blocks:
+                    self._on_block(turn, block, first=not reply, preemptive=preempt is not None)
+                    reply += block.text
+                    for phrase in chunker.push(block.text):
+                        phrases.put_nowait(phrase)
+                for phrase in chunker.flush():
                     phrases.put_nowait(phrase)
-            for phrase in chunker.flush():
-                phrases.put_nowait(phrase)
-            phrases.put_nowait(None)
-            stage = "tts"
-            await speaker
+                phrases.put_nowait(None)
+                stage = "tts"
+                await speaker
         except asyncio.CancelledError:
             speaker.cancel()
             raise
         except Exception as error:
             speaker.cancel()
-            self._fail(turn, stage, error)
+            if limit.expired():
+                seconds = self.options.max_turn_s
+                message = f"the reply took longer than the {seconds:g} s limit (VOICEAGENT_MAX_TURN_S)"
+                self._fail(turn, stage, TimeoutError(message), code="turn_too_long")
+            else:
+                self._fail(turn, stage, error)
             return
         finally:
             if preempt is not None:
@@ -411,7 +444,7 @@ class Session:
         self._emit(Interrupted(self.clock.now_ns(), turn, heard))
         self.trace.write("turn.interrupted", turn, spoken_text=heard)
 
-    def _fail(self, turn: int, stage: str, error: Exception) -> None:
+    def _fail(self, turn: int, stage: str, error: Exception, code: str = "turn_failed") -> None:
         message = f"{type(error).__name__}: {error}"
-        self._emit(TurnError(self.clock.now_ns(), turn, stage, message))
-        self.trace.write("turn.error", turn, stage=stage, message=message)
+        self._emit(TurnError(self.clock.now_ns(), turn, stage, message, code))
+        self.trace.write("turn.error", turn, stage=stage, code=code, message=message)

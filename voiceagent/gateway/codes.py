@@ -20,6 +20,7 @@ class Close(IntEnum):
     UNAUTHORIZED = 4401  # VOICEAGENT_API_KEY set, no or wrong key / bad Twilio signature
     FORBIDDEN_ORIGIN = 4403  # a browser Origin not in VOICEAGENT_ALLOWED_ORIGINS
     IDLE = 4408  # nothing from the client for VOICEAGENT_IDLE_TIMEOUT_S (and the agent was not replying)
+    TOO_LONG = 4410  # the session reached VOICEAGENT_MAX_SESSION_S
     UNSUPPORTED = 4415  # an audio format the transport cannot take (Twilio mediaFormat)
 
 

@@ -9,13 +9,16 @@ A transport (/ws, /twilio, WebRTC) opens its voice session through `SessionHub.o
         payload = live.finish_turn(turn, "done")   # once per turn: latencies -> histograms, turn.metrics
 
 Beyond `max_sessions` live sessions `open` raises `SessionLimitError` at once (never queues): the transport
-tells the client (close code 1013 with the reason). Leaving the block closes the session, its LLM
-conversation and its trace, and frees the slot, whatever way the transport ended.
+tells the client (close code 1013 with the reason). Sessions get the turn length limit (max_turn_s) here;
+each transport ends a session at `session_limit_s` (VOICEAGENT_MAX_SESSION_S) itself. Leaving the block
+closes the session, its LLM conversation and its trace, and frees the slot, whatever way the transport
+ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -117,6 +120,10 @@ class SessionHub:
         self.live: dict[str, LiveSession] = {}
 
     @property
+    def session_limit_s(self) -> float:
+        return self.settings.max_session_s
+
+    @property
     def full(self) -> bool:
         return len(self.live) >= self.settings.max_sessions
 
@@ -127,6 +134,8 @@ class SessionHub:
             raise SessionLimitError(
                 f"the server is at its limit of {self.settings.max_sessions} sessions; try again later"
             )
+        if options.max_turn_s is None:
+            options = dataclasses.replace(options, max_turn_s=self.settings.max_turn_s)
         session_id = uuid.uuid4().hex[:12]
         path = None if self.settings.trace_dir is None else self.settings.trace_dir / f"{session_id}.jsonl"
         trace = Trace(path, session_id, self.clock, record_audio=self.settings.record_audio)

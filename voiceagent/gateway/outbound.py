@@ -53,7 +53,7 @@ class Outbound:
         elif isinstance(event, TurnEnded):
             self.playout.end_turn(turn, event.reason)
         elif isinstance(event, TurnError):
-            await self.send_message(error_message("turn_failed", event.message, stage=event.stage, turn=turn))
+            await self.send_message(error_message(event.code, event.message, stage=event.stage, turn=turn))
             self.playout.end_turn(turn, "error")
         elif isinstance(event, Interrupted):
             self.playout.clear()

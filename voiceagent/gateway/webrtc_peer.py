@@ -7,7 +7,8 @@ samples to the session. Events travel as JSON on the data channel the browser op
 same messages as on /ws (docs/protocol.md); the browser sends `input.text` and `session.end` there too.
 
 The peer ends when the browser says `session.end`, closes the channel or the connection, when ICE has
-not connected within `CONNECT_TIMEOUT_S`, or when the gateway shuts down; every task is cancelled and
+not connected within `CONNECT_TIMEOUT_S`, when the session reaches VOICEAGENT_MAX_SESSION_S (after a
+`session_too_long` error event), or when the gateway shuts down; every task is cancelled and
 awaited, the connection closed, and the session's slot freed.
 """
 
@@ -114,12 +115,20 @@ class WebRtcPeer:
         self._start(outbound.pump())
         self._start(outbound.playout.run())
         self._start(self._connect_timeout())
+        self._start(self._length_limit())
         await self._ended.wait()
 
     async def _connect_timeout(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)
         if self.pc.connectionState != "connected":
             self.end()
+
+    async def _length_limit(self) -> None:
+        limit = self.hub.session_limit_s
+        await asyncio.sleep(limit)
+        message = f"the session reached its {limit:g} s limit (VOICEAGENT_MAX_SESSION_S)"
+        self._send(error_message("session_too_long", message))
+        self.end()
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):

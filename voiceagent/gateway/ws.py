@@ -4,7 +4,8 @@ The client sends `session.start` (its audio format), then binary PCM16 mono fram
 type (`input.text`) or leave (`session.end`). The server sends the session's events as JSON and the
 agent's voice as binary PCM16 at the client's rate, paced in real time (`Playout`), whose clock tells the
 session what has been heard. Bad input gets an `error` event and the connection carries on; only a
-refused client (key, origin, session cap) or an idle one is closed, with a close code and a reason.
+refused client (key, origin, session cap), an idle one, or one whose session reached its length limit is
+closed, with a close code and a reason.
 """
 
 from __future__ import annotations
@@ -71,10 +72,23 @@ class _Connection:
         try:
             session = self.hub.open("ws", SessionOptions(output_rate=start.sample_rate))
             async with session as live:
-                await self._serve(live, start)
+                limit = asyncio.timeout(self.hub.session_limit_s)
+                try:
+                    async with limit:
+                        await self._serve(live, start)
+                except TimeoutError:
+                    if not limit.expired():
+                        raise
+                    await self._too_long()
         except SessionLimitError as error:
             await self.error("session_limit", str(error))
             await self.channel.close(Close.TRY_AGAIN_LATER, "session limit reached")
+
+    async def _too_long(self) -> None:
+        limit = self.hub.session_limit_s
+        reason = f"the session reached its {limit:g} s limit"
+        await self.error("session_too_long", f"{reason} (VOICEAGENT_MAX_SESSION_S)")
+        await self.channel.close(Close.TOO_LONG, reason)
 
     async def _receive(self, live: LiveSession | None = None) -> str | bytes | None:
         """The next message within the size limit (oversized ones get an error and are skipped)."""
