@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
+import re
 import socket
 from collections.abc import Callable, Sequence
 
@@ -29,7 +31,33 @@ def webrtc_routes() -> list[BaseRoute]:
     return list(routes())
 
 
+class RedactTokens(logging.Filter):
+    """Masks `token=...` in log records: uvicorn logs each request's path with its query at INFO
+    ('"WebSocket /ws?token=KEY" [accepted]'), and browsers send the API key there."""
+
+    _TOKEN = re.compile(r"(token=)[^&\s\"']+", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = self._redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._redact(arg) for arg in record.args)
+        return True
+
+    def _redact(self, value: object) -> object:
+        return self._TOKEN.sub(r"\1***", value) if isinstance(value, str) else value
+
+
+def redact_tokens_in_logs() -> None:
+    """Installs `RedactTokens` on the loggers uvicorn writes request paths to (idempotent)."""
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger.filters):
+            logger.addFilter(RedactTokens())
+
+
 def uvicorn_config(app: Starlette, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    redact_tokens_in_logs()
     # uvicorn drops messages far over the limit itself (close 1009); smaller excesses get an error event.
     return uvicorn.Config(
         app,
