@@ -49,22 +49,38 @@ def resample(pcm16: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     return to_pcm16(soxr.resample(to_float(pcm16), from_rate, to_rate, quality="HQ"))
 
 
-def mulaw_encode(pcm16: np.ndarray) -> bytes:
-    """G.711 mu-law: int16 samples -> one byte each."""
+def _mulaw_encode_formula(pcm16: np.ndarray) -> np.ndarray:
+    """G.711 mu-law by its formula: int16 samples -> uint8 codes."""
     x = pcm16.astype(np.int32)
     sign = np.where(x < 0, 0x80, 0)
     magnitude = np.minimum(np.abs(x), _MULAW_CLIP) + _MULAW_BIAS
     exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7  # 0..7
     mantissa = (magnitude >> (exponent + 3)) & 0x0F
-    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def _mulaw_decode_formula(codes: np.ndarray) -> np.ndarray:
+    """G.711 mu-law by its formula: uint8 codes -> int16 samples."""
+    b = ~codes.astype(np.int32) & 0xFF
+    exponent = (b >> 4) & 0x07
+    magnitude = (((b & 0x0F) << 3) + _MULAW_BIAS) << exponent
+    return np.where(b & 0x80, _MULAW_BIAS - magnitude, magnitude - _MULAW_BIAS).astype(np.int16)
+
+
+# Phone audio is converted 50 times a second per call in each direction: table lookups cost a fraction of the
+# formulas' numpy passes on 160 samples. Encoding indexes by the sample's 16 bits (as uint16).
+_MULAW_ENCODE_TABLE = _mulaw_encode_formula(np.arange(65536, dtype=np.uint16).view(np.int16))
+_MULAW_DECODE_TABLE = _mulaw_decode_formula(np.arange(256, dtype=np.uint8))
+
+
+def mulaw_encode(pcm16: np.ndarray) -> bytes:
+    """G.711 mu-law: int16 samples -> one byte each."""
+    return _MULAW_ENCODE_TABLE[np.asarray(pcm16, dtype=np.int16).view(np.uint16)].tobytes()
 
 
 def mulaw_decode(data: bytes) -> np.ndarray:
     """G.711 mu-law bytes -> int16 samples."""
-    b = ~np.frombuffer(data, dtype=np.uint8).astype(np.int32) & 0xFF
-    exponent = (b >> 4) & 0x07
-    magnitude = (((b & 0x0F) << 3) + _MULAW_BIAS) << exponent
-    return np.where(b & 0x80, _MULAW_BIAS - magnitude, magnitude - _MULAW_BIAS).astype(np.int16)
+    return _MULAW_DECODE_TABLE[np.frombuffer(data, dtype=np.uint8)]
 
 
 def read_wav(path: Path | str, rate: int = SAMPLE_RATE) -> np.ndarray:
