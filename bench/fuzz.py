@@ -1,7 +1,8 @@
 """Fuzz the gateway (/ws, /twilio, /webrtc/offer) and the engine server (/v1/*) with generated hostile
 messages while a healthy session uses the same servers; print progress, then one JSON line of counts.
 
-    .venv/bin/python bench/fuzz.py --messages 100000
+    .venv/bin/python bench/fuzz.py --messages 100000              # as fast as the servers take them
+    .venv/bin/python bench/fuzz.py --messages 100000 --rate 250   # paced: hostile content, moderate load
 
 The generators and drivers are tests/fuzzing.py (tests/gateway/test_fuzz.py runs a short round). Exit
 status 1 when a server crashed, logged an unhandled exception, or answered a message against the protocol.
@@ -30,9 +31,10 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=4, help="fuzzing connections at a time")
     parser.add_argument("--baseline-s", type=float, default=20.0, help="healthy clients alone, first")
     parser.add_argument("--loris", type=int, default=40, help="slow-loris connections")
+    parser.add_argument("--rate", type=float, default=None, help="messages a second (default: unpaced)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the servers' logs here")
     args = parser.parse_args()
-    plan = Plan(args.messages, seed=args.seed, parallel=args.parallel, loris=args.loris)
+    plan = Plan(args.messages, seed=args.seed, parallel=args.parallel, loris=args.loris, rate=args.rate)
     log_dir = args.logs or Path(tempfile.mkdtemp(prefix="voiceagent-fuzz-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     began, last = time.monotonic(), [0.0]
@@ -44,8 +46,10 @@ def main() -> int:
             print(f"[{now - began:6.0f} s] {tally.messages} messages {dict(tally.sent)}, "
                   f"{tally.n_mismatches} unexpected answers", file=sys.stderr, flush=True)  # fmt: skip
 
-    print(f"fuzzing {args.messages} messages (seed {args.seed}); logs in {log_dir}", file=sys.stderr)
-    result = fuzz_round(plan, log_dir, args.baseline_s, loris_hold_s=30.0, progress=progress)
+    pace = f"{args.rate:g}/s" if args.rate else "unpaced"
+    print(f"fuzzing {args.messages} messages ({pace}, seed {args.seed}); logs in {log_dir}", file=sys.stderr)
+    # the slow-loris bodies are cut at 10 s (gateway) and 30 s (engine server): held 40 s, both are seen
+    result = fuzz_round(plan, log_dir, args.baseline_s, loris_hold_s=40.0, progress=progress)
     summary = result.summary()
     print(json.dumps(summary))
     failed = summary["crashes"] or any(summary["log_faults"].values()) or summary["mismatches"]

@@ -161,7 +161,7 @@ def parse_request(raw: bytes, model: type[Request]) -> Request:
     """Parses a JSON body into `model`; any problem becomes a 400 APIError naming the parameter."""
     try:
         parsed = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # not UTF-8, not JSON, or an integer of over 4300 digits
         raise APIError(
             400,
             f"We could not parse the JSON body of your request ({error}). The body must be a JSON object.",

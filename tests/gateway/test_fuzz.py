@@ -17,10 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.websockets import WebSocketDisconnect
+from websockets.asyncio.client import connect
 
 from engine.serve import ServerConfig, _read_body
 from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
 from tests.fuzzing import Plan, fuzz_round, percentile
+from tests.gateway.helpers import fake_app, running
+from tests.gateway.twilio_sim import TwilioCaller
 from voiceagent.gateway import twilio_protocol as tp
 from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel
@@ -58,7 +61,10 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
-texts = st.text(max_size=200) | json_values.map(json.dumps) | st.sampled_from([DEEP, "", "{", "NaN"])
+HUGE_INT = '{"type": "session.start", "version": ' + "9" * 5000 + "}"  # past int()'s 4300 digits
+texts = (
+    st.text(max_size=200) | json_values.map(json.dumps) | st.sampled_from([DEEP, HUGE_INT, "", "{", "NaN"])
+)
 
 
 def ws_message_like(value: Any) -> str:
@@ -98,16 +104,17 @@ def test_the_engine_request_parser_answers_4xx_to_anything_bad(raw: str) -> None
 # ----- regressions: what the fuzzing found ----------------------------------------------------------
 
 
-def test_json_nested_past_the_recursion_limit_is_bad_input_not_a_crash() -> None:
+@pytest.mark.parametrize("raw", [DEEP, HUGE_INT], ids=["nested-past-the-recursion-limit", "huge-integer"])
+def test_json_python_cannot_parse_is_bad_input_not_a_crash(raw: str) -> None:
     with pytest.raises(ProtocolError) as ws_error:
-        parse_client_message(DEEP)
+        parse_client_message(raw)
     assert ws_error.value.code == "bad_json"
     with pytest.raises(tp.TwilioProtocolError) as twilio_error:
-        tp.parse(DEEP)
+        tp.parse(raw)
     assert twilio_error.value.close_code == Close.INVALID_DATA
-    assert isinstance(_parse_offer(DEEP.encode()), str)
+    assert isinstance(_parse_offer(raw.encode()), str)
     with pytest.raises(APIError) as api_error:
-        parse_request(DEEP.encode(), ChatCompletionRequest)
+        parse_request(raw.encode(), ChatCompletionRequest)
     assert api_error.value.status == 400
 
 
@@ -189,3 +196,22 @@ def test_a_failure_in_aiortcs_connect_task_is_a_warning_not_an_unhandled_excepti
     with caplog.at_level(logging.WARNING):
         asyncio.run(scenario())
     assert "a WebRTC connection failed to start: AttributeError" in caplog.text
+
+
+def test_twilio_marks_that_are_not_ours_change_nothing() -> None:
+    """A mark of thousands of digits made int() raise (close 1011 and a traceback); marks for turns never
+    sent, or past what was sent, counted as played audio."""
+
+    async def scenario() -> None:
+        app, pipeline = fake_app()
+        async with running(app) as host, connect(f"ws://{host}/twilio") as ws:
+            caller = TwilioCaller(ws)
+            await caller.connect_and_start()
+            for name in ("9" * 5000 + ":1", "7:800", "0:99999999999", "x:1"):
+                await caller.send("mark", {"name": name})
+            await caller.wait(lambda: bool(pipeline.sessions))
+            await caller.stop()
+            assert caller.closed == (1000, "stream ended")
+            assert pipeline.sessions[0]._spoken == {}  # nothing counted as played
+
+    asyncio.run(scenario())

@@ -204,8 +204,9 @@ class _Outbound:
     def mark_returned(self, name: str) -> None:
         """Twilio played everything before this mark (or flushed it, after a clear: ignored)."""
         turn_text, _, samples_text = name.partition(":")
-        if not (turn_text.isdigit() and samples_text.isdigit()):
-            return  # not one of ours
+        if not (turn_text.isdigit() and samples_text.isdigit()) or len(name) > 24:
+            return  # not one of ours (and never an int() of thousands of digits)
         turn = int(turn_text)
-        if turn not in self._cleared:
-            self.live.session.audio_played(turn, int(samples_text))
+        sent = self.playout.sent_samples(turn)
+        if sent and turn not in self._cleared:  # at most what was sent: a mark cannot claim more
+            self.live.session.audio_played(turn, min(int(samples_text), sent))

@@ -70,7 +70,7 @@ TwilioMessage = Connected | Start | Media | Mark | Dtmf | Stop | Unknown
 def parse(raw: str) -> TwilioMessage:
     try:
         message = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than the parser goes
+    except (ValueError, RecursionError):  # not JSON, an integer of over 4300 digits, or nested too deep
         raise TwilioProtocolError(Close.INVALID_DATA, "a Twilio message must be JSON") from None
     if not isinstance(message, dict) or not isinstance(message.get("event"), str):
         raise TwilioProtocolError(Close.INVALID_DATA, "a Twilio message is an object with an 'event'")

@@ -150,7 +150,7 @@ def _parse_offer(body: bytes) -> RTCSessionDescription | str:
     """The offer, or what is wrong with the request in words."""
     try:
         message = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # not JSON or UTF-8, an integer of over 4300 digits, too deep
         return 'the body must be JSON: {"type": "offer", "sdp": "..."}'
     if not isinstance(message, dict) or message.get("type") != "offer":
         return 'the body must be {"type": "offer", "sdp": "..."}'

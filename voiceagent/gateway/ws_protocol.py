@@ -54,7 +54,7 @@ def parse_client_message(raw: str) -> ClientMessage:
         message = json.loads(raw)
     except json.JSONDecodeError as error:
         raise ProtocolError("bad_json", f"a text message must be a JSON object: {error}") from None
-    except RecursionError:  # nested deeper than Python's parser goes: no message of ours is
+    except (ValueError, RecursionError):  # an integer of over 4300 digits; nesting deeper than Python goes
         raise ProtocolError("bad_json", "a text message must be a JSON object, not nested so deep") from None
     if not isinstance(message, dict):
         raise ProtocolError("bad_json", "a text message must be a JSON object")
