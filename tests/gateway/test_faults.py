@@ -19,7 +19,9 @@ from websockets.asyncio.client import connect
 from tests.fakes import FakePipeline
 from tests.fuzzing import FuzzTokenizer
 from tests.gateway.helpers import Client, client, fake_app, quiet, running, tone
+from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
+from voiceagent.gateway.webrtc_peer import WebRtcPeer
 from voiceagent.llm import LocalLLM, ReplyBlock
 from voiceagent.session import Session
 
@@ -202,3 +204,16 @@ def test_a_model_that_does_not_load_stops_serve_with_a_clear_message(tmp_path: P
         assert result.returncode == 2, result.stderr[-2000:]
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert "listening" not in result.stdout + result.stderr
+
+
+def test_a_webrtc_session_ends_at_its_length_limit_with_an_error_event() -> None:
+    async def scenario() -> None:
+        app = build(max_session_s=0.2)
+        peer = WebRtcPeer(app.state.hub, app.state.hub.clock, 65536)
+        await asyncio.wait_for(peer._length_limit(), 2)
+        assert peer._ended.is_set()  # the peer shuts down (run() returns from _serve)
+        assert [m["code"] for m in peer._unsent] == ["session_too_long"]  # sent once the channel opens
+        assert "0.2 s limit" in peer._unsent[0]["message"]
+        await peer.pc.close()
+
+    asyncio.run(scenario())
