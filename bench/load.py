@@ -15,7 +15,8 @@ so on the reply's schedule message k, which starts at sample s_k of the reply, i
 `due_k = t0 + max(0, s_k / 8000 - 0.2)` seconds, where t0 is the arrival of the reply's first media
 message at the caller. lateness_k = arrival_k - due_k (clock of the caller's process). An underrun is a
 message that arrives after the caller finished playing everything before it (an audible gap).
-The caller's own event-loop lag is measured too (a 20 ms ticker), to show the clients keep up.
+The caller's own event-loop lag is measured too (a 20 ms ticker), to show the clients keep up, and the
+gateway's CPU time and its run-queue wait (time runnable but not running: the machine had no free core).
 
 Progress goes to stderr; the LAST line on stdout is one JSON object with a row per N and the knee: the
 largest N whose p99 lateness is <= 20 ms with every call complete.
@@ -227,6 +228,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_queue_wait_seconds(pid: int) -> float:
+    """Seconds the process's threads have waited, runnable, for a CPU (/proc/PID/task/*/schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def start_server(port: int, max_sessions: int, log: Path, profile: Path | None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "VOICEAGENT_MAX_SESSIONS": str(max_sessions), "VOICEAGENT_IDLE_TIMEOUT_S": "120"}
     command = [sys.executable, "-m", "tests.gateway.fake_server", "--port", str(port),
@@ -285,10 +297,13 @@ def run_level(n: int, workers: int, turns: int, port: int, log: Path, profile: P
             if share
         ]
         cpu_before, wall_before = cpu_seconds(server.pid), time.monotonic()
+        waited_before = run_queue_wait_seconds(server.pid)
         outputs = [
             json.loads(proc.communicate(timeout=600)[0].decode().strip().splitlines()[-1]) for proc in procs
         ]
-        server_cpu = (cpu_seconds(server.pid) - cpu_before) / (time.monotonic() - wall_before)
+        wall = time.monotonic() - wall_before
+        server_cpu = (cpu_seconds(server.pid) - cpu_before) / wall
+        server_waited = (run_queue_wait_seconds(server.pid) - waited_before) / wall
     finally:
         server.terminate()
         server.wait(30)
@@ -310,7 +325,8 @@ def run_level(n: int, workers: int, turns: int, port: int, log: Path, profile: P
         "late_over_20ms": sum(1 for v in lateness if v > GOAL_MS),
         "underruns": sum(call["underruns"] for call in calls),
         "response_ms": {"p50": percentile(response, 50), "p95": percentile(response, 95)},
-        "server_cpu": round(server_cpu, 2),
+        "server_cpu": round(server_cpu, 2),  # CPU seconds per second (all threads)
+        "server_run_queue_wait": round(server_waited, 2),  # seconds per second runnable but not running
         "client_loop_lag_ms": {"p99": percentile(lags, 99), "max": round(max(lags), 1) if lags else None},
     }
 
@@ -348,8 +364,11 @@ def main() -> None:
         print(f"N={n:4d}: complete {row['complete']}/{n}, lateness p50 {late['p50']} p99 {late['p99']} "
               f"max {late['max']} ms, >20 ms {row['late_over_20ms']}/{row['media_messages']}, underruns "
               f"{row['underruns']}, response p50 {row['response_ms']['p50']} ms, "
-              f"server CPU {row['server_cpu']}, client lag p99 {row['client_loop_lag_ms']['p99']} ms",
+              f"server CPU {row['server_cpu']} (waiting for a CPU {row['server_run_queue_wait']}), "
+              f"client lag p99 {row['client_loop_lag_ms']['p99']} ms",
               file=sys.stderr, flush=True)  # fmt: skip
+        if row["failed"]:
+            print(f"        failed calls, e.g.: {row['failed'][:2]}", file=sys.stderr, flush=True)
         rows.append(row)
     good = [
         r["calls"] for r in rows if r["complete"] == r["calls"] and (r["lateness_ms"]["p99"] or 0) <= GOAL_MS
