@@ -23,6 +23,7 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
 
+from tests.browser.chromium import ARTIFACTS, launch
 from tests.fakes import espeak_speech
 from tests.servers import free_port
 from voiceagent.audio import SAMPLE_RATE, write_wav
@@ -31,20 +32,11 @@ from voiceagent.wer import normalized_words
 pytestmark = pytest.mark.bundled
 
 REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/lib/chromium/chromium")  # the binary; /usr/bin/chromium is a wrapper script
 SMOL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
 API_KEY = "browser-test-key"  # the server requires it; the page passes ?token= on
 WAIT_MS = 60_000
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
+MEDIA_FLAGS = [
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
     "--autoplay-policy=no-user-gesture-required",
@@ -109,14 +101,10 @@ def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser_page(microphone: Path, viewport: dict[str, int]) -> Iterator[tuple[Page, list[str]]]:
     """A page in a fresh headless Chromium whose microphone plays `microphone` once; the page's console
     lines are collected for failure messages."""
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (requirements/debian.txt)"
-        )
-    args = [*CHROMIUM_FLAGS, f"--use-file-for-fake-audio-capture={microphone}%noloop"]
+    args = [*MEDIA_FLAGS, f"--use-file-for-fake-audio-capture={microphone}%noloop"]
     console: list[str] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
+        browser = launch(playwright, args)
         try:
             page = browser.new_page(viewport=viewport)
             page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))

@@ -7,27 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from tests.browser.chromium import ARTIFACTS, launch
 from tests.voiceagent.test_replay_report import Turn, trace_records, write_jsonl
 from voiceagent.replay.analysis import summarize
 from voiceagent.replay.compare import compare
 from voiceagent.replay.report import TITLE, write_html
 from voiceagent.replay.traces import read_trace
 
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/lib/chromium/chromium")  # the binary; /usr/bin/chromium is a wrapper script
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 HOSTILE = '<img src=x onerror="window.pwned = 1"><script>window.pwned = 2</script>'
 
 
@@ -55,15 +43,11 @@ def _report(tmp_path: Path) -> Path:
 
 
 def test_the_report_renders_offline_in_chromium(tmp_path: Path) -> None:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (requirements/debian.txt)"
-        )
     path = _report(tmp_path)
     requests: list[str] = []
     console: list[str] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        browser = launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.on("request", lambda request: requests.append(request.url))
