@@ -82,12 +82,14 @@ async def run(drops: int, concurrency: int, warm_up: int, seed: int, trace_dir: 
         "baseline": {
             "fds": baseline.fds,
             "rss_mib": round(baseline.rss / 2**20, 1),
+            "raw_rss_mib": round(baseline.raw_rss / 2**20, 1),
             "warm_up_drops": warm_up,
         },
         "after": {
             "fds": now.fds,
             "rss_mib": round(now.rss / 2**20, 1),
             "rss_growth_pct": round(100 * final["rss_growth"], 2),
+            "raw_rss_growth_pct": round(100 * final["raw_rss_growth"], 2),
             "tasks_leaked": final["tasks"],
             "threads_leaked": final["threads"],
             "live_sessions": len(hub.live),
