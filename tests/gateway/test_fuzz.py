@@ -23,12 +23,14 @@ from engine.serve import ServerConfig, _read_body
 from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
 from tests.fuzzing import Plan, fuzz_round, percentile
 from tests.gateway.helpers import fake_app, running
+from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
 from voiceagent.gateway import twilio_protocol as tp
 from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel
 from voiceagent.gateway.codes import Close
 from voiceagent.gateway.webrtc import _parse_offer, contain_connect_failures
+from voiceagent.gateway.webrtc_peer import WebRtcPeer
 from voiceagent.gateway.ws_protocol import ProtocolError, parse_client_message
 
 DEEP = "[" * 50_000 + "]" * 50_000  # past Python's recursion limit: RecursionError, not a JSONDecodeError
@@ -215,3 +217,26 @@ def test_twilio_marks_that_are_not_ours_change_nothing() -> None:
             assert pipeline.sessions[0]._spoken == {}  # nothing counted as played
 
     asyncio.run(scenario())
+
+
+def test_a_webrtc_connection_that_fails_to_close_still_ends_its_session_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Fuzzing: a mangled offer aiortc answered made RTCPeerConnection.close() raise AttributeError, and
+    the peer's task failed with it (an ERROR 'WebRTC session ... failed')."""
+
+    async def scenario() -> None:
+        app = build()
+        peer = WebRtcPeer(app.state.hub, app.state.hub.clock, 65536)
+        real_close = peer.pc.close
+
+        async def broken_close() -> None:
+            await real_close()
+            raise AttributeError("'NoneType' object has no attribute '_unregister_data_receiver'")
+
+        peer.pc.close = broken_close  # type: ignore[method-assign]
+        await peer._shut_down()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert "closing a WebRTC connection failed: AttributeError" in caplog.text
