@@ -388,8 +388,7 @@ async def run_ws_script(url: str, probes: Sequence[Probe], tally: Tally, timeout
             pass
         finally:
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await asyncio.wait({reader})  # (suppressing CancelledError here would swallow our own)
         close = (ws.close_code or 1006, ws.close_reason or "")
     tally.sent["ws"] += len(probes) + 1
     tally.bad["ws"] += len(expected)
