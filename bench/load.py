@@ -209,8 +209,11 @@ async def worker(
         if now - tick > 1.0:  # far behind: skip ahead rather than burst
             tick = now
     for call in calls:
-        if not call.done.is_set():
-            call.stats.error = call.stats.error or "did not finish in time"
+        if not call.done.is_set() and not call.finished:
+            call.stats.error = call.stats.error or (
+                f"did not finish in time: {call.stats.turns_done} turns played, {call.turn_samples} samples "
+                f"of this reply, {call.speaking_frames} speech frames left, {call.stats.media} media in all"
+            )
             await call.ws.close()
     return {"calls": [asdict(call.stats) for call in calls], "loop_lag_ms": lags}
 
