@@ -54,8 +54,20 @@ def wait_healthy(port: int, process: subprocess.Popen[bytes], log: Path, timeout
     pytest.fail(f"the server was not healthy after {timeout_s} s:\n{log.read_text()}")
 
 
-async def talk_until_killed(host: str, process: subprocess.Popen[bytes]) -> None:
-    """A /ws session and a phone call, both mid-reply and speaking again, when the server is killed."""
+async def until_both_traces_reach_turn_2(traces: Path, timeout_s: float = 15.0) -> None:
+    """Polls the trace files (flushed per line) until both sessions have written a turn-2 record."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            files = list(traces.glob("*.jsonl"))  # noqa: ASYNC240 - a test's polling loop
+            texts = [path.read_text() for path in files]  # noqa: ASYNC240
+            if len(texts) == 2 and all('"turn": 2' in text for text in texts):
+                return
+            await asyncio.sleep(0.05)
+
+
+async def talk_until_killed(host: str, process: subprocess.Popen[bytes], traces: Path) -> None:
+    """A /ws session and a phone call, both mid-reply and speaking again (turn 2 in both traces), when the
+    server is killed."""
     start = {"type": "session.start", "audio": {"encoding": "pcm16", "sample_rate": 16000}}
     async with client(host) as web, connect(f"ws://{host}/twilio") as phone_ws:
         phone = TwilioCaller(phone_ws)
@@ -70,7 +82,8 @@ async def talk_until_killed(host: str, process: subprocess.Popen[bytes]) -> None
         await phone.wait(lambda: phone.media_bytes > 0)
         # both speak over the agent; the server dies while it records their audio
         speaking = asyncio.gather(web.stream(tone(2.0, 16000), 16000), phone.say(tone(2.0, RATE)))
-        await asyncio.sleep(0.5)
+        await until_both_traces_reach_turn_2(traces)
+        await asyncio.sleep(0.2)  # a few more frames of turn 2 recorded
         os.kill(process.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):  # sending into a dead server fails: expected
             await speaking
@@ -101,7 +114,7 @@ def test_a_killed_server_leaves_whole_traces_and_playable_audio_and_restarts(tmp
     port, traces, log = free_port(), tmp_path / "traces", tmp_path / "server.log"
     host = f"127.0.0.1:{port}"
     with fake_server(port, traces, log) as process:
-        asyncio.run(talk_until_killed(host, process))
+        asyncio.run(talk_until_killed(host, process, traces))
         assert process.wait(10) == -signal.SIGKILL
     before = sorted(traces.glob("*.jsonl"))
     assert len(before) == 2
