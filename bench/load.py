@@ -223,6 +223,44 @@ def worker_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+# ----- the gateway's cost of one inbound media message ----------------------------------------------
+
+
+async def _flood(host: str, index: int, messages: int) -> None:
+    """One call that sends `messages` silent media messages back to back, then stops."""
+    async with connect(f"ws://{host}/twilio", compression=None, open_timeout=30) as ws:
+        sid = f"MZ{index:032d}"
+        media_format = {"encoding": "audio/x-mulaw", "sampleRate": RATE, "channels": 1}
+        await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+        start = {"streamSid": sid, "mediaFormat": media_format}
+        await ws.send(json.dumps({"event": "start", "streamSid": sid, "start": start}))
+        media = f'{{"event":"media","streamSid":"{sid}","media":{{"track":"inbound","payload":"{SILENCE}"}}}}'
+        for i in range(messages):
+            await ws.send(media)
+            if i % 50 == 0:
+                await asyncio.sleep(0.001)
+        await ws.send(json.dumps({"event": "stop", "streamSid": sid}))
+        await ws.wait_closed()
+
+
+def inbound_cost(calls: int, messages: int, port: int) -> dict[str, Any]:
+    """Gateway CPU per inbound media message, sent back to back by `calls` calls (no replies: silence)."""
+    server = start_server(port, calls + 10, Path("/tmp/voiceagent-load-server.log"), None)
+    try:
+        before = cpu_seconds(server.pid)
+
+        async def flood_all() -> None:
+            await asyncio.gather(*(_flood(f"127.0.0.1:{port}", i, messages) for i in range(calls)))
+
+        asyncio.run(flood_all())
+        used = cpu_seconds(server.pid) - before
+    finally:
+        server.terminate()
+        server.wait(30)
+    return {"inbound_messages": calls * messages, "server_cpu_s": round(used, 2),
+            "us_per_message": round(1e6 * used / (calls * messages), 1)}  # fmt: skip
+
+
 # ----- the conductor -----------------------------------------------------------------------------------
 
 
@@ -346,6 +384,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--server-args", default="", help="more tests/gateway/fake_server.py options")
     parser.add_argument("--profile", type=Path, help="profile the gateway: DIR/server-N.prof (cProfile)")
+    parser.add_argument(
+        "--inbound-cost", action="store_true", help="only measure the gateway CPU per inbound media message"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -359,6 +400,9 @@ def main() -> None:
     from tests.servers import free_port
 
     SERVER_ARGS.extend(args.server_args.split())
+    if args.inbound_cost:
+        print(json.dumps(inbound_cost(20, 1500, args.port or free_port())))
+        return
     rows = []
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "voiceagent-load-server.log"
     for n in [int(value) for value in args.calls.split(",")]:
