@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from voiceagent.gateway.codes import Close
@@ -22,6 +23,13 @@ class Channel:
         self.websocket, self.idle_timeout_s = websocket, idle_timeout_s
         self._send_lock = asyncio.Lock()
         self.open = True
+        # The idle timeout is one lazy timer, not an asyncio.timeout per message (a phone call sends 50 a
+        # second): each receive only moves the deadline on; the timer, when it fires early, re-arms itself
+        # for the deadline, and cancels the waiting receive once the deadline has passed.
+        self._deadline = 0.0  # loop time at which the current wait for a message runs out
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiter: asyncio.Task[Any] | None = None  # the task waiting for a message, while it waits
+        self._expired = False  # the timer cancelled the waiter
 
     async def send_json(self, message: dict[str, Any]) -> None:
         await self._send({"type": "websocket.send", "text": json.dumps(message)})
@@ -43,23 +51,61 @@ class Channel:
         timeout without a message, unless `busy()` says the agent is still replying."""
         while True:
             try:
-                async with asyncio.timeout(self.idle_timeout_s):
-                    message = await self.websocket.receive()
+                message = await self._receive_before_deadline()
             except TimeoutError:
                 if busy():
                     continue
+                self._stop_timer()
                 raise Idle(f"nothing received for {self.idle_timeout_s:g} s") from None
             except (WebSocketDisconnect, RuntimeError):
                 self.open = False
+                self._stop_timer()
                 return None
             if message["type"] == "websocket.disconnect":
                 self.open = False
+                self._stop_timer()
                 return None
             if message.get("bytes") is not None:
                 return bytes(message["bytes"])
             return str(message.get("text") or "")
 
+    async def _receive_before_deadline(self) -> Message:
+        """websocket.receive(), or TimeoutError once `idle_timeout_s` pass without a message. A
+        cancellation from elsewhere is passed on as it is (as asyncio.timeout does)."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._deadline = loop.time() + self.idle_timeout_s
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+        self._waiter, self._expired = task, False
+        try:
+            return await self.websocket.receive()
+        except asyncio.CancelledError:
+            if self._expired and task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._waiter is None:
+            return  # not waiting (busy with a message): the next receive arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+        else:
+            self._expired = True
+            self._waiter.cancel()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     async def close(self, code: Close, reason: str) -> None:
+        self._stop_timer()
         async with self._send_lock:
             if not self.open:
                 return
