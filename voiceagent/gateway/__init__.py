@@ -13,7 +13,8 @@
 - outbound.py `Outbound`: a session's events as the /ws JSON events and paced audio, for /ws and WebRTC
               (the transport gives the message sender and the audio sink)
 - playout.py  real-time pacing of the agent's audio with a playback model; inbound.py: any-rate input
-              audio to the session's 20 ms frames; channel.py: one WebSocket; codes.py: close codes
+              audio to the session's 20 ms frames; channel.py: one WebSocket; codes.py: close codes; body.py:
+              HTTP request bodies with a size cap and a deadline (413, 408)
 - serve.py    loads and warms the pipeline, runs uvicorn; mounts `voiceagent.gateway.webrtc.routes()`
               when that module exists (the WebRTC signalling)
 

@@ -9,9 +9,11 @@ import re
 import socket
 from collections.abc import Callable, Sequence
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
@@ -56,6 +58,48 @@ def redact_tokens_in_logs() -> None:
             logger.addFilter(RedactTokens())
 
 
+class HeadersDeadline(H11Protocol):
+    """uvicorn's HTTP/1.1 with a deadline for a request's headers: uvicorn has none, so a client that
+    sends them a byte at a time, or never ends them (slow-loris), held its connection for ever. One whose
+    started headers are not complete `headers_timeout_s` later gets 408 and is closed. (Bodies have their
+    own deadline: gateway/body.py; WebSockets their idle timeout.)"""
+
+    headers_timeout_s = 10.0
+    _deadline: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._headers_pending():
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(self.headers_timeout_s, self._headers_late)
+        elif self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _headers_pending(self) -> bool:
+        """Part of a request's head has arrived, not all of it (and the connection is still ours)."""
+        waiting, _ = self.conn.trailing_data
+        return (
+            bool(waiting)
+            and self.conn.their_state is h11.IDLE
+            and self.transport.get_protocol() is self
+            and not self.transport.is_closing()
+        )
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        if self._headers_pending():
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+            )
+            self.transport.close()
+
+
 def uvicorn_config(app: Starlette, settings: Settings, host: str, port: int) -> uvicorn.Config:
     redact_tokens_in_logs()
     # uvicorn drops messages far over the limit itself (close 1009); smaller excesses get an error event.
@@ -64,6 +108,7 @@ def uvicorn_config(app: Starlette, settings: Settings, host: str, port: int) -> 
         host=host,
         port=port,
         ws_max_size=16 * settings.max_message_bytes,
+        http=HeadersDeadline,
         log_level="warning",
         lifespan="off",
     )
