@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.generate import Clock, Engine
+from engine.serve_http import HeadersDeadline
 from engine.serve_metrics import CONTENT_TYPE, ServerMetrics
 from engine.serve_protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
 from engine.serve_stream import RequestStream, chat_events, collect, completion_events
@@ -269,7 +270,7 @@ def run(engine: Engine, config: ServerConfig, *, host: str, port: int, log_level
     """Serves until interrupted (SIGINT/SIGTERM), then cancels the running generation and exits."""
     app = build_app(engine, config)
     uvicorn_config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5, http=HeadersDeadline
     )
     uvicorn.Server(uvicorn_config).run()
 
@@ -280,7 +281,9 @@ class ServerThread:
     def __init__(
         self, app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning"
     ) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=2, http=HeadersDeadline
+        )
         self.server = uvicorn.Server(config)
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name="engine-server", daemon=True)

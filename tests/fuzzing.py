@@ -1301,6 +1301,7 @@ def _serve_engine(port: int, settings: dict[str, str]) -> None:
     import uvicorn
 
     from engine.serve import ServerConfig, build_app
+    from engine.serve_http import HeadersDeadline
     from tests.fakes import TINY_VOCAB, tiny_engine
 
     engine = tiny_engine(max_seq_len=512)
@@ -1308,7 +1309,9 @@ def _serve_engine(port: int, settings: dict[str, str]) -> None:
     values = {name: json.loads(value) for name, value in settings.items()}  # numbers: body_timeout_s=5
     config = ServerConfig(model_name=ENGINE_MODEL, api_key=ENGINE_KEY, max_queue_len=64, **values)
     app = build_app(engine, config)
-    uvicorn_config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", access_log=False)
+    uvicorn_config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="info", access_log=False, http=HeadersDeadline
+    )
     _log_everything()
     uvicorn.Server(uvicorn_config).run()
 

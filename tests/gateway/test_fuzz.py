@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from aiortc import RTCPeerConnection
 from hypothesis import given, settings
@@ -19,9 +20,12 @@ from starlette.requests import Request
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import connect
 
-from engine.serve import ServerConfig, _read_body
+from engine.serve import ServerConfig, ServerThread, _read_body
+from engine.serve import build_app as build_engine_app
+from engine.serve_http import HeadersDeadline as EngineHeadersDeadline
 from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
-from tests.fuzzing import Plan, fuzz_round, percentile
+from tests.fakes import TINY_VOCAB, tiny_engine
+from tests.fuzzing import FuzzTokenizer, Plan, free_port, fuzz_round, percentile
 from tests.gateway.helpers import client, fake_app, running
 from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
@@ -47,10 +51,8 @@ def test_a_fuzzing_round_crashes_nothing_and_answers_every_bad_message(tmp_path:
     assert tally.n_mismatches == 0, tally.mismatches
     assert tally.messages >= 2300 and set(tally.sent) >= {"ws", "twilio", "webrtc", "engine"}
     assert tally.answered == tally.bad  # every bad message got its error event, close code or 4xx
-    gateway, engine = result.loris["gateway"], result.loris["engine"]  # slow senders get 408...
-    assert gateway.opened == engine.opened == 6
-    assert gateway.answered == ["HTTP/1.1 408 Request Timeout"] * 6  # unfinished headers and bodies
-    assert engine.answered == ["HTTP/1.1 408 Request Timeout"] * 3 and engine.still_open == 3  # bodies only
+    for report in result.loris.values():  # slow senders, of headers or of bodies, get 408
+        assert report.opened == 6 and report.answered == ["HTTP/1.1 408 Request Timeout"] * 6, report
     # the healthy session completed its turns, at about its usual latency
     before, during = result.baseline["ws"], result.during["ws"]
     assert before.failed == during.failed == 0 and len(during.server_ms) >= 10
@@ -202,26 +204,40 @@ def test_a_failure_in_aiortcs_connect_task_is_a_warning_not_an_unhandled_excepti
     assert "a WebRTC connection failed to start: AttributeError" in caplog.text
 
 
+async def slow_headers(host: str) -> bytes:
+    """Starts a request's headers a byte at a time, never ends them, and returns the answer."""
+    address, port = host.split(":")
+    reader, writer = await asyncio.open_connection(address, int(port))
+    for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a":
+        writer.write(bytes([byte]))
+        await asyncio.sleep(0.005)
+    answer = await asyncio.wait_for(reader.read(100), 5)
+    assert await reader.read() == b""  # and closed
+    writer.close()
+    return answer
+
+
 def test_a_request_whose_headers_never_end_gets_408(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slow-loris: uvicorn has no deadline for a request's headers; the gateway's HTTP protocol has one."""
+    """Slow-loris: uvicorn has no deadline for a request's headers; the gateway's and the engine server's
+    HTTP protocols have one."""
     monkeypatch.setattr(HeadersDeadline, "headers_timeout_s", 0.5)
+    monkeypatch.setattr(EngineHeadersDeadline, "headers_timeout_s", 0.5)
 
     async def scenario() -> None:
         app, _ = fake_app()
         async with running(app) as host:
-            address, port = host.split(":")
-            reader, writer = await asyncio.open_connection(address, int(port))
-            for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: a":
-                writer.write(bytes([byte]))
-                await asyncio.sleep(0.005)
-            answer = await asyncio.wait_for(reader.read(100), 5)
-            assert answer.startswith(b"HTTP/1.1 408 Request Timeout")
-            assert await reader.read() == b""  # closed
-            writer.close()
+            assert (await slow_headers(host)).startswith(b"HTTP/1.1 408 Request Timeout")
             async with client(host) as c:  # WebSockets and whole requests are not affected
                 await asyncio.sleep(1.0)
                 await c.send_json({"type": "session.start"})
                 await c.event("session.started")
+        engine = tiny_engine()
+        engine.tokenizer = FuzzTokenizer(TINY_VOCAB)  # type: ignore[assignment]
+        with ServerThread(build_engine_app(engine, ServerConfig("tiny")), port=free_port()) as server:
+            host = server.url.removeprefix("http://")
+            assert (await slow_headers(host)).startswith(b"HTTP/1.1 408 Request Timeout")
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{server.url}/v1/models")).status_code == 200
 
     asyncio.run(scenario())
 
