@@ -419,6 +419,7 @@ class Session:
         spoken = self._spoken.setdefault(turn, SpokenReply())
         while (phrase := await phrases.get()) is not None:
             self._emit(Phrase(self.clock.now_ns(), turn, phrase))
+            self.trace.write("chunk.phrase", turn, words=len(phrase.split()))
             chunks = synthesize_at(self.synthesizer, phrase, rate)  # one resampler across the phrase
             while (samples := await _next_in_thread(chunks)) is not None:
                 if not spoken.phrases:

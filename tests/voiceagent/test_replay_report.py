@@ -227,6 +227,16 @@ def test_outcomes_typed_turns_and_spans(tmp_path: Path) -> None:
     assert summary.problems == []
 
 
+def test_the_wait_for_the_first_phrase_is_its_own_bar(tmp_path: Path) -> None:
+    records = trace_records([Turn(first_block=250.0, tts=600.0, v2v=610.0)])
+    end_ns = next(r["t_ns"] for r in records if r["event"] == "vad.speech_end")
+    records.append({"t_ns": end_ns + 520 * MS, "session": "s1", "turn": 1, "stage": "chunk",
+                    "event": "chunk.phrase", "words": 4})  # fmt: skip
+    (turn,) = summarize(read_trace(write_jsonl(tmp_path / "t.jsonl", records)), "run").turns
+    spans = {s.label: (s.start_ms, s.end_ms) for s in turn.spans}
+    assert spans["first phrase"] == (250.0, 520.0) and spans["TTS"] == (520.0, 600.0)
+
+
 def test_several_sessions_in_one_file_are_kept_apart(tmp_path: Path) -> None:
     a = trace_records([Turn(v2v=100.0), Turn(v2v=300.0)], session="a")
     b = trace_records([Turn(v2v=200.0)], session="b", start_ns=T0 + 100 * TURN_GAP_NS)

@@ -330,7 +330,12 @@ def _spans(
     add("LLM first block", asr_final, first_block)
     if block_ms and first_block is not None and max(block_ms) > first_block:
         add("LLM decoding", first_block, max(block_ms))
-    add("TTS", first_block, points["tts_first_audio"])
+    phrase = clock.ms(turn.first("chunk.phrase"), "the first chunk.phrase")
+    if phrase is not None and first_block is not None and phrase >= first_block:
+        add("first phrase", first_block, phrase)  # the chunker waiting for enough committed words
+        add("TTS", phrase, points["tts_first_audio"])
+    else:  # traces from before chunk.phrase was written
+        add("TTS", first_block, points["tts_first_audio"])
     if played_ms:
         add("audio out", points["voice_to_voice"], max(played_ms))
     return spans

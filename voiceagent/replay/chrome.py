@@ -20,6 +20,7 @@ SPAN_LANES = (
     "ASR final",
     "LLM first block",
     "LLM decoding",
+    "first phrase",
     "TTS",
     "audio out",
 )

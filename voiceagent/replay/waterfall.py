@@ -33,6 +33,7 @@ LANE_COLOURS = {
     "ASR final": "#5b8e7d",
     "LLM first block": "#3d5a80",
     "LLM decoding": "#98c1d9",
+    "first phrase": "#e0c872",
     "TTS": "#bc4b51",
     "audio out": "#8cb369",
 }
