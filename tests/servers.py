@@ -19,15 +19,16 @@ def free_port() -> int:
 
 
 def wait_until_healthy(
-    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120.0, path: str = "/health"
 ) -> None:
-    """Polls `url`/health until it answers 200; fails the test with the server's log otherwise."""
+    """Polls `url` + `path` (the engine server's /health; the gateway's is /healthz) until it answers 200;
+    fails the test with the server's log otherwise."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=1.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

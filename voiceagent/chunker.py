@@ -58,6 +58,7 @@ _SENTENCE_END = ".!?…"
 _CLAUSE_END = ",;:—–"
 _FENCES = ("```", "~~~")
 _LINE_MARKER = re.compile(r"#{1,6}|[-*+•>]|\d{1,3}[.)]")
+_NUMBER_MARKER = re.compile(r"\d{1,3}[.)]")  # "1." starts a list item only if words follow on its line
 _RULE = re.compile(r"(?:-{3,}|\*{3,}|_{3,}|={3,})")
 _LINK_TARGET = re.compile(r"\]\([^)\s]*\)?")
 _EMPHASIS = re.compile(r"(?<![A-Za-z0-9])[*_~]+|[*_~]+(?![A-Za-z0-9])")
@@ -108,6 +109,7 @@ class PhraseChunker:
         self._at_line_start = True
         self._in_fence = False
         self._skip_line = False  # dropping the rest of a fence line
+        self._held: list[str] = []  # "4." at a line's start: a list number if words follow, else said
         self._words: list[str] = []
         self._phrases: list[str] = []
         self._n_phrases = 0  # phrases of this reply so far (the first ones are shorter)
@@ -121,6 +123,7 @@ class PhraseChunker:
     def flush(self) -> list[str]:
         """The reply is over: returns whatever is left as phrases and resets the chunker."""
         self._consume(final=True)
+        self._say_held()
         self._end_phrase()
         phrases = self._take()
         self._reset()
@@ -164,6 +167,7 @@ class PhraseChunker:
 
     def _whitespace(self, char: str) -> None:
         if char == "\n":
+            self._say_held()
             self._end_phrase()  # a line break ends a phrase (paragraphs, list items, headings)
             self._at_line_start = True
 
@@ -177,10 +181,20 @@ class PhraseChunker:
         if self._in_fence:
             self._skip_line = True
             return
+        if _NUMBER_MARKER.fullmatch(token):
+            self._held.append(token)
+            return
         if _LINE_MARKER.fullmatch(token) or _RULE.fullmatch(token):
             return  # "# ", "- ", "1. ", "> ": still at the line's start ("> - item")
+        self._held = []  # they were list numbers
         self._at_line_start = False
         self._add_word(token)
+
+    def _say_held(self) -> None:
+        """The line ended on numbers alone ("4." answering "what is two plus two"): they are the words."""
+        held, self._held = self._held, []
+        for token in held:
+            self._add_word(token)
 
     def _add_word(self, raw: str) -> None:
         word = clean_word(raw)

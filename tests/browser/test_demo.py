@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser.chromium import ARTIFACTS, launch
 from tests.fakes import espeak_speech
-from tests.servers import free_port
+from tests.servers import free_port, wait_until_healthy
 from voiceagent.audio import SAMPLE_RATE, write_wav
 from voiceagent.wer import normalized_words
 
@@ -62,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, process, log_path)
+        wait_until_healthy(url, process, log_path, timeout_s=180.0, path="/healthz")
         yield url
     finally:
         process.terminate()
@@ -71,18 +71,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"voiceagent serve exited with {process.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.3)
-    pytest.fail(f"voiceagent serve was not up after {timeout_s:.0f} s:\n{log.read_text()}")
 
 
 @pytest.fixture(scope="module")

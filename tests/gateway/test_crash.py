@@ -11,19 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
-import pytest
 import soundfile
 from websockets.asyncio.client import connect
 
 from tests.gateway.helpers import client, quiet, tone
 from tests.gateway.twilio_sim import RATE, TwilioCaller
-from tests.servers import free_port
+from tests.servers import free_port, wait_until_healthy
 
 
 @contextlib.contextmanager
@@ -34,24 +31,12 @@ def fake_server(port: int, trace_dir: Path, log: Path) -> Iterator[subprocess.Po
     with log.open("a") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     try:
-        wait_healthy(port, process, log)
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, log, timeout_s=60.0, path="/healthz")
         yield process
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(10)
-
-
-def wait_healthy(port: int, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    pytest.fail(f"the server was not healthy after {timeout_s} s:\n{log.read_text()}")
 
 
 async def until_both_traces_reach_turn_2(traces: Path, timeout_s: float = 15.0) -> None:

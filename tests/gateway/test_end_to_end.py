@@ -104,7 +104,13 @@ def test_a_phone_caller_interrupts_the_agent(pipeline: Pipeline, speech_dir: Pat
             assert said.split()[: len(heard["content"].split())] == heard["content"].split()
             assert 0 < len(heard["content"].split()) < len(said.split()), (heard, said)
             answered = lambda: any(int(m.split(":")[0]) >= 2 for m in caller.marks_played)  # noqa: E731
-            await caller.wait(answered, timeout_s=30)  # the new question is answered
+            try:
+                await caller.wait(answered, timeout_s=30)  # the new question is answered
+            except TimeoutError:
+                quiet = ("out.played", "asr.partial", "llm.block")
+                events = [(r["turn"], r["event"]) for r in session.trace.records if r["event"] not in quiet]
+                marks = caller.marks_played[-3:]
+                raise AssertionError(f"no turn 2 audio: marks {marks}; {events}; {session.history}") from None
             await caller.stop()
 
     asyncio.run(scenario())

@@ -154,6 +154,18 @@ def test_a_code_block_mid_reply_is_skipped_and_speech_resumes_after_it() -> None
     ]
 
 
+def test_a_line_of_numbers_alone_is_said_not_taken_for_a_list() -> None:
+    # "What is two plus two?" -> "4." must be spoken; "1. Eggs" is a list item whose number is dropped
+    def phrases(*blocks: str) -> list[str]:
+        chunker = PhraseChunker()
+        return [p for block in blocks for p in chunker.push(block)] + chunker.flush()
+
+    assert phrases("4.") == ["4."]
+    assert phrases("1.", " 2.") == ["1.", "2."]
+    assert phrases("4.\n", "Four.") == ["4.", "Four."]
+    assert phrases("1. Eggs\n", "2. Milk") == ["Eggs", "Milk"]
+
+
 def test_flush_resets_the_chunker_for_the_next_reply() -> None:
     chunker = PhraseChunker()
     assert chunker.flush() == []
