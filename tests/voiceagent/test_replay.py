@@ -1,6 +1,7 @@
 """`voiceagent replay` end to end on the real bundled models (SmolLM2-135M pair, greedy; Whisper tiny.en;
 Piper): a `voiceagent talk` session recorded with its audio replays in-process and against a live gateway's
-/ws with the same transcript and reply, and reports both runs (HTML, PNG, Chrome trace, JSON)."""
+/ws, hearing the same words and saying the same reply (see `assert_same_words`), and reports both runs
+(HTML, PNG, Chrome trace, JSON)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from voiceagent.audio import write_wav
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
+from voiceagent.wer import normalized_words, word_error_rate
 
 pytestmark = pytest.mark.bundled
 
@@ -42,6 +44,20 @@ def voiceagent(*args: str) -> list[str]:
 
 def last_json(stdout: str) -> dict[str, Any]:
     return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
+def assert_same_words(replayed: dict[str, Any], talked: dict[str, Any], log: str) -> None:
+    """The replay heard the recorded words and, greedy, said the recorded reply to them.
+
+    Streaming Whisper is not a pure function of the audio: its partial passes run when the CPU lets them,
+    and the words they agree on shape the final transcript, so a replay may hear a word differently (one
+    CI run heard "legs done a spider" for "legs does a spider"). The transcript may differ by one word in
+    seven; when it is the same, the greedy reply must be the same too.
+    """
+    assert word_error_rate(talked["transcript"], replayed["transcript"]) <= 0.15, log
+    assert replayed["reply"].strip(), log
+    if normalized_words(replayed["transcript"]) == normalized_words(talked["transcript"]):
+        assert replayed["reply"] == talked["reply"], log
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +91,7 @@ def test_a_recorded_talk_replays_in_process_with_the_same_words(
     assert run.returncode == 0, run.stderr
     numbers = last_json(run.stdout)
     (replayed,) = numbers["replayed"]
-    assert (replayed["transcript"], replayed["reply"]) == (talked["transcript"], talked["reply"]), run.stderr
+    assert_same_words(replayed, talked, run.stderr)
     recorded_run, replay_run = numbers["runs"]
     for summary in (recorded_run, replay_run):
         assert summary["voice_to_voice"]["n"] == 1 and summary["voice_to_voice"]["p50"] > 0, summary
@@ -108,9 +124,7 @@ def test_a_recorded_talk_replays_against_a_live_server(recorded: tuple[Path, dic
     assert code == 0, stderr.decode()
     numbers = last_json(stdout.decode())
     (replayed,) = numbers["replayed"]
-    assert (replayed["transcript"], replayed["reply"]) == (talked["transcript"], talked["reply"]), (
-        stderr.decode()
-    )
+    assert_same_words(replayed, talked, stderr.decode())
     recorded_run, replay_run = numbers["runs"]
     assert replay_run["voice_to_voice"]["n"] == 1 and replay_run["voice_to_voice"]["p50"] > 0, replay_run
     assert numbers["comparison"] is not None
