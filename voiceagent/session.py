@@ -265,8 +265,7 @@ class Session:
         self._cut_turn = turn
         self._drop_preemption("utterance too long")
         message = f"the utterance was longer than the {limit:g} s limit (VOICEAGENT_MAX_TURN_S); not answered"
-        self._emit(TurnError(self.clock.now_ns(), turn, "input", message, "turn_too_long"))
-        self.trace.write("turn.error", turn, stage="input", code="turn_too_long", message=message)
+        self._turn_error(turn, "input", message, "turn_too_long")
         self._update_idle()
 
     def _end_utterance(self, edge: VadEdgeLike) -> None:
@@ -446,6 +445,9 @@ class Session:
         self.trace.write("turn.interrupted", turn, spoken_text=heard)
 
     def _fail(self, turn: int, stage: str, error: Exception, code: str = "turn_failed") -> None:
-        message = f"{type(error).__name__}: {error}"
+        self._turn_error(turn, stage, f"{type(error).__name__}: {error}", code)
+
+    def _turn_error(self, turn: int, stage: str, message: str, code: str) -> None:
+        """The turn ends with an error event (and its trace record); the session keeps listening."""
         self._emit(TurnError(self.clock.now_ns(), turn, stage, message, code))
         self.trace.write("turn.error", turn, stage=stage, code=code, message=message)

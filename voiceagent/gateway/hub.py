@@ -17,10 +17,11 @@ ended.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +123,19 @@ class SessionHub:
     @property
     def session_limit_s(self) -> float:
         return self.settings.max_session_s
+
+    async def within_session_limit(self, serving: Awaitable[None]) -> bool:
+        """Awaits a transport's `serving` of its session; False when `session_limit_s` cut it off (the
+        transport then tells its client why). Any other timeout inside is passed on."""
+        limit = asyncio.timeout(self.session_limit_s)
+        try:
+            async with limit:
+                await serving
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            return False
+        return True
 
     @property
     def full(self) -> bool:

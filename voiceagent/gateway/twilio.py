@@ -110,13 +110,7 @@ class _Call:
             session = self.hub.open("twilio", options)
             async with session as live:
                 live.trace.write("twilio.start", 0, stream_sid=start.stream_sid, call_sid=start.call_sid)
-                limit = asyncio.timeout(self.hub.session_limit_s)
-                try:
-                    async with limit:
-                        await self._serve(live, start.stream_sid)
-                except TimeoutError:
-                    if not limit.expired():
-                        raise
+                if not await self.hub.within_session_limit(self._serve(live, start.stream_sid)):
                     reason = f"the call reached its {self.hub.session_limit_s:g} s limit"
                     await self.channel.close(Close.TOO_LONG, reason)
         except SessionLimitError:

@@ -72,13 +72,7 @@ class _Connection:
         try:
             session = self.hub.open("ws", SessionOptions(output_rate=start.sample_rate))
             async with session as live:
-                limit = asyncio.timeout(self.hub.session_limit_s)
-                try:
-                    async with limit:
-                        await self._serve(live, start)
-                except TimeoutError:
-                    if not limit.expired():
-                        raise
+                if not await self.hub.within_session_limit(self._serve(live, start)):
                     await self._too_long()
         except SessionLimitError as error:
             await self.error("session_limit", str(error))

@@ -26,15 +26,11 @@ from typing import Any, NamedTuple
 
 from voiceagent.replay.stats import Speculative, Stats, percentiles, rounded, speculative_words
 from voiceagent.replay.traces import TraceFile, is_known_event
+from voiceagent.trace import LATENCY_EVENTS
 
 # The stages in pipeline order, each measured from the end of the user's speech.
 STAGES = ("endpointing", "asr_final", "first_block", "tts_first_audio", "voice_to_voice")
-STAGE_EVENTS = {
-    "asr_final": "asr.final",
-    "first_block": "llm.first_block",
-    "tts_first_audio": "tts.first_audio",
-    "voice_to_voice": "out.first_audio",
-}
+STAGE_EVENTS = LATENCY_EVENTS  # the stages timed by the first record of an event (the session's own figures)
 STAGE_TITLES = {
     "endpointing": "endpointing",
     "asr_final": "ASR final",

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile
 
 from voiceagent.audio import SAMPLE_RATE, read_wav
 from voiceagent.recording import GAP_MS
@@ -60,7 +59,7 @@ def _session_recording(
         path, t_ns = folder / record["file"], int(record["t_ns"])
         try:
             audio = _read_recorded(path)
-        except (OSError, RuntimeError, ValueError, soundfile.LibsndfileError) as error:
+        except (OSError, ValueError) as error:  # missing, or not audio (read_wav says which)
             problems.append(
                 f"session {session}: recorded audio {record['file']} unreadable ({error}), skipped"
             )
@@ -91,8 +90,4 @@ def _timeline_seconds(t_ns: int, starts: list[tuple[int, int]]) -> float:
 def _read_recorded(path: Path) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing")
-    info = soundfile.info(str(path))
-    if info.samplerate != SAMPLE_RATE or info.channels != 1:
-        return read_wav(path)  # someone converted it: bring it back to 16 kHz mono
-    audio, _ = soundfile.read(str(path), dtype="int16")
-    return np.asarray(audio, dtype=np.int16)
+    return read_wav(path)  # 16 kHz mono as recorded (a converted copy is brought back to it)
