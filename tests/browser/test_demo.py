@@ -27,7 +27,7 @@ from tests.browser.chromium import ARTIFACTS, launch
 from tests.fakes import espeak_speech
 from tests.servers import free_port, wait_until_healthy
 from voiceagent.audio import SAMPLE_RATE, write_wav
-from voiceagent.wer import normalized_words
+from voiceagent.wer import normalized_words, word_error_rate
 
 pytestmark = pytest.mark.bundled
 
@@ -119,8 +119,11 @@ def converse(page: Page, url: str) -> None:
         "() => window.voiceagent.events.some((e) => e.type === 'turn.metrics')", timeout=WAIT_MS
     )
     finals = [str(e["text"]) for e in _events(page, "transcript.final") if e["text"]]
-    # Every word of the question was heard (Whisper tiny.en sometimes says a short question twice).
-    assert finals and set(normalized_words(QUESTION)) <= set(normalized_words(finals[0])), finals
+    # The question was heard, give or take one word in five: tiny.en hears this espeak-ng voice's "of
+    # France" as "and France" or "of friends" now and then, also offline in one pass over the whole audio.
+    # It also says a short question twice at times: the words the question has are compared.
+    heard = " ".join(normalized_words(finals[0])[: len(normalized_words(QUESTION))]) if finals else ""
+    assert word_error_rate(QUESTION, heard) <= 0.2, finals
     reply = page.get_by_test_id("agent").inner_text().strip()
     assert re.search(r"[A-Za-z]{2,}", reply), reply
     blocks = _events(page, "agent.block")

@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from tests.fakes import FakePipeline
 from voiceagent.config import Settings
+from voiceagent.gateway import webrtc_peer
 from voiceagent.gateway.app import build_app
 from voiceagent.gateway.webrtc import routes
 
@@ -192,6 +193,41 @@ def test_speaking_over_the_agent_cuts_its_voice_and_the_history() -> None:
             await pc.close()
             for task in listening:
                 task.cancel()
+            await shut_down(app)
+
+    asyncio.run(scenario())
+
+
+class VanishingMicrophone(Microphone):
+    """A browser that closed without a goodbye: its microphone sends 0.5 s, then nothing at all."""
+
+    async def recv(self) -> av.AudioFrame:
+        if self.sent >= 48000 // 2:
+            await asyncio.Event().wait()  # no more RTP; the connection itself stays up
+        return await super().recv()
+
+
+def test_a_browser_that_stops_sending_audio_ends_its_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(webrtc_peer, "MEDIA_TIMEOUT_S", 1.0)
+
+    async def scenario() -> None:
+        app = build()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        inbox = Inbox()
+        pc.createDataChannel("events").on("message", inbox.add)
+        pc.addTrack(VanishingMicrophone())
+        try:
+            async with await _client(app) as client:
+                answer = (await client.post("/webrtc/offer", json=await _offer(pc))).json()
+            await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+            await inbox.wait_for("session.started", 10)
+            [peer_task] = app.state.webrtc.peers.values()
+            assert len(app.state.hub.live) == 1
+            # 0.5 s of audio, then 1 s of nothing: the peer ends long before ICE consent fails (30 s).
+            await asyncio.wait_for(peer_task, 10)
+            assert not app.state.hub.live  # the session's slot is free
+        finally:
+            await pc.close()
             await shut_down(app)
 
     asyncio.run(scenario())

@@ -7,9 +7,10 @@ samples to the session. Events travel as JSON on the data channel the browser op
 same messages as on /ws (docs/protocol.md); the browser sends `input.text` and `session.end` there too.
 
 The peer ends when the browser says `session.end`, closes the channel or the connection, when ICE has
-not connected within `CONNECT_TIMEOUT_S`, when the session reaches VOICEAGENT_MAX_SESSION_S (after a
-`session_too_long` error event), or when the gateway shuts down; every task is cancelled and
-awaited, the connection closed, and the session's slot freed.
+not connected within `CONNECT_TIMEOUT_S`, when its microphone has sent nothing for `MEDIA_TIMEOUT_S` (a
+browser that closed without a goodbye: ICE consent checks would notice only after 30 s), when the session
+reaches VOICEAGENT_MAX_SESSION_S (after a `session_too_long` error event), or when the gateway shuts down;
+every task is cancelled and awaited, the connection closed, and the session's slot freed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from voiceagent.session import SessionOptions
 
 OPUS_RATE = 48000  # the agent speaks at Opus's own rate: one resampling, in TTS
 CONNECT_TIMEOUT_S = 20.0
+MEDIA_TIMEOUT_S = 10.0  # a browser sends its microphone every 20 ms, silence included, even when muted
 LEAD_MS = 100  # how far the playout runs ahead of the track: what a barge-in has to drop
 EVENTS_CHANNEL = "events"
 log = logging.getLogger(__name__)
@@ -186,10 +188,14 @@ class WebRtcPeer:
         assert self._live is not None
         inbound: InboundAudio | None = None
         while True:
-            try:
-                frame = await track.recv()
+            try:  # no deadline for the first frame: ICE and DTLS come first (CONNECT_TIMEOUT_S)
+                frame = await asyncio.wait_for(track.recv(), None if inbound is None else MEDIA_TIMEOUT_S)
             except MediaStreamError:
                 return  # the browser stopped sending
+            except TimeoutError:
+                log.info("no audio from the browser for %g s: the session ends", MEDIA_TIMEOUT_S)
+                self.end()
+                return
             if not isinstance(frame, av.AudioFrame):
                 continue
             if inbound is None or inbound.rate != frame.sample_rate:
