@@ -53,3 +53,4 @@ bench: setup
 	$(PY) -m bench.disconnects --drops 1000
 	$(PY) -m bench.load --calls 25,50,100,150,200,300 --turns 2
 	$(PY) -m bench.concurrent_voice
+	$(PY) -m bench.asr_streaming

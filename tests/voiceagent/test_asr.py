@@ -74,6 +74,28 @@ def test_partials_grow_keep_stable_text_and_the_final_matches(
     assert word_error_rate(sentence, final) <= 0.2, final
 
 
+def test_partials_close_together_make_no_cut_off_word_stable(
+    whisper: Any, speak: Callable[[str], np.ndarray]
+) -> None:
+    """Two passes a few frames apart both end inside the same word and agree on a guess for it ("What? is
+    that? cap? capital?"); a word is stable only once both heard 0.3 s after it, so the transcript no
+    longer depends on when the partial passes ran."""
+    audio = np.concatenate([silence(0.5), speak("What is the capital of France?"), silence(0.3)])
+    finals: set[tuple[str, ...]] = set()
+    # (frames between partials, first partial): 80 ms (a fast machine) to 300 ms (the session's pace)
+    for every, phase in ((4, 0), (4, 2), (6, 0), (15, 0)):
+        recognizer = StreamingRecognizer(whisper)
+        for i, frame in enumerate(frames(audio)):
+            recognizer.push(frame)
+            if i == 19:
+                recognizer.start()  # 0.1 s before the speech, with 0.4 s of pre-roll
+            elif i > 19 and (i - 20) % every == phase:
+                stable = recognizer.decode_partial().stable.rstrip(" ?")
+                assert "?" not in stable, (every, stable)  # a question mark where a pass's audio ended
+        finals.add(tuple(normalized_words(recognizer.decode_final(300))))
+    assert len(finals) == 1, finals
+
+
 def test_the_final_reuses_a_partial_that_heard_all_the_speech(
     whisper: Any, speak: Callable[[str], np.ndarray]
 ) -> None:
