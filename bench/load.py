@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.servers import stop_process, wait_until_healthy
 from voiceagent.audio import mulaw_encode
 
 RATE = 8000
@@ -255,8 +255,7 @@ def inbound_cost(calls: int, messages: int, port: int) -> dict[str, Any]:
         asyncio.run(flood_all())
         used = cpu_seconds(server.pid) - before
     finally:
-        server.terminate()
-        server.wait(30)
+        stop_process(server, 30.0)
     return {"inbound_messages": calls * messages, "server_cpu_s": round(used, 2),
             "us_per_message": round(1e6 * used / (calls * messages), 1)}  # fmt: skip
 
@@ -289,17 +288,12 @@ def start_server(port: int, max_sessions: int, log: Path, profile: Path | None) 
     command += SERVER_ARGS
     with log.open("w") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        if server.poll() is not None:
-            break
-    server.kill()
-    raise RuntimeError(f"the gateway did not start:\n{log.read_text()}")
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", server, log, timeout_s=60.0, path="/healthz")
+    except BaseException:  # pytest's failure outcome is not an Exception
+        server.kill()
+        raise
+    return server
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -346,8 +340,7 @@ def run_level(n: int, workers: int, turns: int, port: int, log: Path, profile: P
         server_cpu = (cpu_seconds(server.pid) - cpu_before) / wall
         server_waited = (run_queue_wait_seconds(server.pid) - waited_before) / wall
     finally:
-        server.terminate()
-        server.wait(30)
+        stop_process(server, 30.0)
     calls = [call for output in outputs for call in output["calls"]]
     lateness = [v for call in calls for v in call["lateness_ms"]]
     response = [v for call in calls for v in call["response_ms"]]

@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import random
-import socket
 import string
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from urllib.parse import quote
 import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from tests.servers import free_port, stop_process, wait_until_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -979,12 +980,6 @@ def describe(values: Sequence[float]) -> dict[str, float | int | None]:
 # ----- servers in their own processes -----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @dataclass
 class ServerProcess:
     """A fuzz target in a process of its own; `log()` is everything it wrote; `alive` until it crashed."""
@@ -1019,27 +1014,11 @@ def server_process(
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     server = ServerProcess(kind, port, log_path, process)
     try:
-        _wait_until_up(server, "/healthz" if kind == "gateway" else "/health", timeout_s)
+        path = "/healthz" if kind == "gateway" else "/health"
+        wait_until_healthy(f"http://{server.url}", process, log_path, timeout_s, path)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_until_up(server: ServerProcess, path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not server.alive:
-            raise RuntimeError(f"the {server.kind} server exited:\n{server.log()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://{server.url}{path}", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the {server.kind} server did not start in {timeout_s} s:\n{server.log()}")
+        stop_process(process)
 
 
 # ----- one fuzzing round over every target ------------------------------------------------------------

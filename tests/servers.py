@@ -1,4 +1,5 @@
-"""Helpers for tests that start a server on loopback: a free port, and waiting until it is healthy."""
+"""Helpers for tests and benchmarks that start a server on loopback: a free port, waiting until it is
+healthy, stopping it."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def wait_until_healthy(
             pass
         time.sleep(0.2)
     pytest.fail(f"the server was not healthy after {timeout_s} s:\n{log.read_text()}")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """Terminates `process` and waits for it; kills it when it has not exited within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser.chromium import ARTIFACTS, launch
 from tests.fakes import espeak_speech
-from tests.servers import free_port, wait_until_healthy
+from tests.servers import free_port, stop_process, wait_until_healthy
 from voiceagent.audio import SAMPLE_RATE, write_wav
 from voiceagent.wer import normalized_words, word_error_rate
 
@@ -65,12 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_until_healthy(url, process, log_path, timeout_s=180.0, path="/healthz")
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process)
 
 
 @pytest.fixture(scope="module")

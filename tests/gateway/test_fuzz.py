@@ -25,10 +25,11 @@ from engine.serve import build_app as build_engine_app
 from engine.serve_http import HeadersDeadline as EngineHeadersDeadline
 from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
 from tests.fakes import TINY_VOCAB, tiny_engine
-from tests.fuzzing import FuzzTokenizer, Plan, free_port, fuzz_round, percentile
+from tests.fuzzing import FuzzTokenizer, Plan, fuzz_round, percentile
 from tests.gateway.helpers import client, fake_app, running
 from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
+from tests.servers import free_port
 from voiceagent.gateway import twilio_protocol as tp
 from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel
