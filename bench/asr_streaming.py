@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from faster_whisper import WhisperModel
 
 from tests.fakes import espeak_speech
 from voiceagent.asr import AsrOptions, StreamingRecognizer, WhisperDecoder, load_whisper
@@ -34,17 +35,19 @@ LEAD_FRAMES = 25  # 0.5 s of silence before the speech; the utterance starts 0.1
 TRAIL_FRAMES = 10  # frames of silence pushed after the speech before the final (200 ms)
 
 
-def streamed_final(model: object, options: AsrOptions, speech: np.ndarray, every: int, phase: int) -> str:
+def streamed_final(
+    model: WhisperModel, options: AsrOptions, speech: np.ndarray, every: int, phase: int
+) -> str:
     """speech: [n] int16 16 kHz -> the final transcript with a partial every `every` frames from `phase`."""
     audio = np.concatenate([np.zeros(LEAD_FRAMES * FRAME_SAMPLES, np.int16), speech])
     audio = np.concatenate([audio, np.zeros((TRAIL_FRAMES + 1) * FRAME_SAMPLES, np.int16)])
     frames = audio[: audio.size // FRAME_SAMPLES * FRAME_SAMPLES].reshape(-1, FRAME_SAMPLES)
-    recognizer = StreamingRecognizer(model, options)  # type: ignore[arg-type]
+    recognizer = StreamingRecognizer(model, options)
     start = LEAD_FRAMES - 5
     for frame in frames[:start]:
         recognizer.push(frame)
     recognizer.start()
-    for i, frame in enumerate(frames[start:], start=0):
+    for i, frame in enumerate(frames[start:]):
         recognizer.push(frame)
         if i % every == phase and start + i < len(frames) - TRAIL_FRAMES:
             recognizer.decode_partial()

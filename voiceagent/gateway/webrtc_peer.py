@@ -189,7 +189,8 @@ class WebRtcPeer:
         inbound: InboundAudio | None = None
         while True:
             try:  # no deadline for the first frame: ICE and DTLS come first (CONNECT_TIMEOUT_S)
-                frame = await asyncio.wait_for(track.recv(), None if inbound is None else MEDIA_TIMEOUT_S)
+                async with asyncio.timeout(None if inbound is None else MEDIA_TIMEOUT_S):  # no task a frame
+                    frame = await track.recv()
             except MediaStreamError:
                 return  # the browser stopped sending
             except TimeoutError:
