@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from engine.bench import add_bench_parser
+from engine.bench.cli import add_bench_parser
 from engine.bundled import BUNDLED
 from engine.cli_flags import add_speculation_flags
 from engine.generate import CommittedBlock, Engine
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
 
-    from engine.serve_cli import add_serve_parser  # imported here: it takes the defaults from this module
+    from engine.server.cli import add_serve_parser  # imported here: it takes the defaults from this module
 
     add_serve_parser(commands)
 

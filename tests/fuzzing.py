@@ -2,7 +2,7 @@
 drivers that check every answer. tests/gateway/test_fuzz.py runs a short round; bench/fuzz.py a long one.
 
 Generators take a `random.Random` and return `Probe`s: what to send and what the protocol (docs/protocol.md,
-the OpenAI error rules of engine/serve_protocol.py) says the server must answer. The expectations come from
+the OpenAI error rules of engine/server/protocol.py) says the server must answer. The expectations come from
 small oracles written from the documented rules, not from the server's own parsers.
 
 - /ws: one connection runs a script of probes; every bad one must come back as an `error` event with its
@@ -1279,8 +1279,8 @@ def _serve_gateway(port: int, settings: dict[str, str]) -> None:
 def _serve_engine(port: int, settings: dict[str, str]) -> None:
     import uvicorn
 
-    from engine.serve import ServerConfig, build_app
-    from engine.serve_http import HeadersDeadline
+    from engine.server.app import ServerConfig, build_app
+    from engine.server.http_deadline import HeadersDeadline
     from tests.fakes import TINY_VOCAB, tiny_engine
 
     engine = tiny_engine(max_seq_len=512)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from engine.cli import _parser
-from engine.serve_cli import serve_options
+from engine.server.cli import serve_options
 from voiceagent.config import Settings
 
 REPO = Path(__file__).resolve().parents[1]

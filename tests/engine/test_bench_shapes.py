@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.bench_shapes import expected_tokens, project, random_model, run_shapes
+from engine.bench.shapes import expected_tokens, project, random_model, run_shapes
 from engine.config import NAMED_SHAPES, ModelArgs
 from engine.quant import Fp8Linear, fp8_supported
 

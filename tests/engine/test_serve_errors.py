@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.load import load_engine
-from engine.serve import ServerConfig, ServerThread, build_app
+from engine.server.app import ServerConfig, ServerThread, build_app
 from tests.servers import free_port
 
 pytestmark = pytest.mark.bundled

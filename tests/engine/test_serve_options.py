@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET, _parser
-from engine.serve_cli import ServeOptions, serve_options
-from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
+from engine.server.cli import ServeOptions, serve_options
+from engine.server.protocol import APIError, ChatCompletionRequest, parse_request
 from tests.servers import free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -118,7 +118,7 @@ def test_request_parsing_names_the_nested_parameter() -> None:
 def test_a_server_with_adaptive_speculation_length() -> None:
     """`--num-speculative-tokens auto` reaches the engine as gamma="auto" and the server streams with it."""
     from engine.load import load_engine
-    from engine.serve import ServerConfig, ServerThread, build_app
+    from engine.server.app import ServerConfig, ServerThread, build_app
 
     resolved = options("--model", MODEL, "--speculative-model", MODEL, "--num-speculative-tokens", "auto")
     engine = load_engine(resolved.target, resolved.draft, max_seq_len=256, gamma=resolved.gamma)

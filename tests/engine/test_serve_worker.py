@@ -9,8 +9,8 @@ import pytest
 
 from engine.generate import CommittedBlock
 from engine.sampling import SamplingParams
-from engine.serve_metrics import ServerMetrics
-from engine.serve_worker import EngineWorker, Job, JobEvent, JobFailed, QueueFull
+from engine.server.metrics import ServerMetrics
+from engine.server.worker import EngineWorker, Job, JobEvent, JobFailed, QueueFull
 from tests.fakes import tiny_engine
 
 PARAMS = SamplingParams(max_new_tokens=6, ignore_eos=True)

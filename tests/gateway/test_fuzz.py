@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import connect
 
-from engine.serve import ServerConfig, ServerThread, _read_body
-from engine.serve import build_app as build_engine_app
-from engine.serve_http import HeadersDeadline as EngineHeadersDeadline
-from engine.serve_protocol import APIError, ChatCompletionRequest, parse_request
+from engine.server.app import ServerConfig, ServerThread, _read_body
+from engine.server.app import build_app as build_engine_app
+from engine.server.http_deadline import HeadersDeadline as EngineHeadersDeadline
+from engine.server.protocol import APIError, ChatCompletionRequest, parse_request
 from tests.fakes import TINY_VOCAB, tiny_engine
 from tests.fuzzing import FuzzTokenizer, Plan, fuzz_round, percentile
 from tests.gateway.helpers import client, fake_app, running

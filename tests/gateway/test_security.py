@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from engine.serve import Server, ServerConfig
+from engine.server.app import Server, ServerConfig
 from tests.fuzzing import sample_offer, server_process
 from tests.gateway.helpers import client, quiet, running, tone
 from tests.gateway.test_units import request
@@ -119,7 +119,7 @@ def test_keys_and_signatures_are_compared_in_constant_time(monkeypatch: pytest.M
 
 
 def _authorized(server: Server, headers: dict[str, str]) -> bool:
-    from engine.serve_protocol import APIError
+    from engine.server.protocol import APIError
 
     try:
         server.authorize(request(headers, path="/v1/models"))

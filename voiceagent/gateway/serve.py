@@ -62,8 +62,8 @@ class HeadersDeadline(H11Protocol):
     """uvicorn's HTTP/1.1 with a deadline for a request's headers: uvicorn has none, so a client that
     sends them a byte at a time, or never ends them (slow-loris), held its connection for ever. One whose
     started headers are not complete `headers_timeout_s` later gets 408 and is closed. (Bodies have their
-    own deadline: gateway/body.py; WebSockets their idle timeout.) engine/serve_http.py is the same for
-    the engine server: voiceagent imports engine only in its LLM stage."""
+    own deadline: gateway/body.py; WebSockets their idle timeout.) engine/server/http_deadline.py is the
+    same for the engine server: voiceagent imports engine only in its LLM stage."""
 
     headers_timeout_s = 10.0
     _deadline: asyncio.TimerHandle | None = None

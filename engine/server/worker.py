@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from engine.generate import Clock, CommittedBlock, Engine
 from engine.sampling import SamplingParams
-from engine.serve_metrics import ServerMetrics
+from engine.server.metrics import ServerMetrics
 
 log = logging.getLogger("engine.serve")
 

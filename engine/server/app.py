@@ -28,12 +28,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.generate import Clock, Engine
-from engine.serve_http import HeadersDeadline
-from engine.serve_metrics import CONTENT_TYPE, ServerMetrics
-from engine.serve_protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
-from engine.serve_stream import RequestStream, chat_events, collect, completion_events
-from engine.serve_text import TextCodec, sampling_params
-from engine.serve_worker import EngineWorker, Job, QueueFull
+from engine.server.http_deadline import HeadersDeadline
+from engine.server.metrics import CONTENT_TYPE, ServerMetrics
+from engine.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
+from engine.server.stream import RequestStream, chat_events, collect, completion_events
+from engine.server.text import TextCodec, sampling_params
+from engine.server.worker import EngineWorker, Job, QueueFull
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def _from_speculative_config(
 
 def run_serve(args: argparse.Namespace) -> int:
     from engine.load import load_engine
-    from engine.serve import ServerConfig, run
+    from engine.server.app import ServerConfig, run
 
     options = serve_options(args)
     engine = load_engine(

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.bench_contenders import (
+from engine.bench.contenders import (
     EngineContender,
     HFContender,
     Result,
@@ -27,7 +27,7 @@ from engine.bench_contenders import (
     plain_decode_s_per_token,
     raw_forward_s,
 )
-from engine.bench_shapes import run_shapes
+from engine.bench.shapes import run_shapes
 from engine.cli_flags import add_speculation_flags, gamma_arg
 from engine.generate import Engine
 from engine.load import DTYPES, chat_prompt, load_engine

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.generate import CommittedBlock
 from engine.metrics import GenerationStats
-from engine.serve_protocol import (
+from engine.server.protocol import (
     APIError,
     chat_chunk,
     chat_completion_body,
@@ -20,7 +20,7 @@ from engine.serve_protocol import (
     usage_body,
     usage_chunk,
 )
-from engine.serve_worker import JobEvent, JobFailed
+from engine.server.worker import JobEvent, JobFailed
 
 # The engine's finish reasons as OpenAI's; a cancelled request's client is gone, vLLM calls that "abort".
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort"}

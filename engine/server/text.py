@@ -12,7 +12,7 @@ from jinja2 import TemplateError
 
 from engine.load import chat_prompt
 from engine.sampling import SamplingParams
-from engine.serve_protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
+from engine.server.protocol import APIError, ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 class TextCodec:
