@@ -1,15 +1,16 @@
-"""The typed events that flow through a voice session, in one module.
+"""The typed events that flow out of a voice session, in one module, grouped by what a barge-in does to them.
 
-Every event is a frozen dataclass with `t_ns` (from the injected clock) and `turn_id`. `InputEvent`s (audio
-in, VAD edges, transcripts, control) are never dropped. `OutputEvent`s (LLM blocks, phrases, TTS audio)
-belong to one turn and are discarded when that turn is interrupted. `trace_name` is the event's name in
-the session trace (`stage.event`, see DESIGN.md).
+Every event is a frozen dataclass with `t_ns` (from the injected clock) and `turn_id`.
+
+- `UninterruptibleEvent`s are never dropped: what the user did (VAD edges, transcripts) and how a turn
+  was cut short (`Interrupted`, `TurnError`), which a client must hear even about an interrupted turn.
+- `InterruptibleEvent`s are the agent's reply (committed blocks, synthesised audio, the end of the reply):
+  they belong to one turn and are discarded once that turn is interrupted (see docs/design.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 
@@ -18,107 +19,88 @@ import numpy as np
 class Event:
     t_ns: int
     turn_id: int
-    trace_name: ClassVar[str] = ""
 
 
 @dataclass(frozen=True)
-class InputEvent(Event):
+class UninterruptibleEvent(Event):
     """Never dropped."""
 
 
 @dataclass(frozen=True)
-class OutputEvent(Event):
+class InterruptibleEvent(Event):
     """Dropped when its turn is interrupted."""
 
 
-@dataclass(frozen=True, eq=False)
-class AudioFrame(InputEvent):
-    """20 ms of the user's audio: PCM16 mono 16 kHz, [320] int16."""
-
-    samples: np.ndarray = field(repr=False)
-    trace_name: ClassVar[str] = "in.audio"
+# ----- never dropped ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class SpeechStarted(InputEvent):
-    trace_name: ClassVar[str] = "vad.speech_start"
+class SpeechStarted(UninterruptibleEvent):
+    """The user started speaking: `t_ns` is the first voiced frame."""
 
 
 @dataclass(frozen=True)
-class SpeechEnded(InputEvent):
+class SpeechEnded(UninterruptibleEvent):
     """The user stopped: `t_ns` is the end of the last voiced frame, not when silence confirmed it."""
 
     confirmed_ns: int = 0  # when the endpointer's silence wait ran out
-    trace_name: ClassVar[str] = "vad.speech_end"
 
 
 @dataclass(frozen=True)
-class TranscriptPartial(InputEvent):
+class TranscriptPartial(UninterruptibleEvent):
     """What the recogniser has heard so far: `stable` text two passes agreed on, then the rest."""
 
     stable: str
     text: str
-    trace_name: ClassVar[str] = "asr.partial"
 
 
 @dataclass(frozen=True)
-class TranscriptFinal(InputEvent):
+class TranscriptFinal(UninterruptibleEvent):
     text: str
-    trace_name: ClassVar[str] = "asr.final"
 
 
 @dataclass(frozen=True)
-class ReplyText(OutputEvent):
-    """One committed block of the reply from the LLM."""
-
-    text: str
-    n_drafted: int | None = None
-    n_accepted: int | None = None
-    first: bool = False
-    trace_name: ClassVar[str] = "llm.block"
-
-
-@dataclass(frozen=True)
-class Phrase(OutputEvent):
-    """Committed text the chunker hands to TTS."""
-
-    text: str
-    trace_name: ClassVar[str] = "chunk.phrase"
-
-
-@dataclass(frozen=True, eq=False)
-class SpeechAudio(OutputEvent):
-    """Synthesised reply audio: PCM16 mono at `sample_rate`, with the phrase it speaks."""
-
-    samples: np.ndarray = field(repr=False)
-    sample_rate: int = 16000
-    phrase: str = ""
-    trace_name: ClassVar[str] = "tts.audio"
-
-
-@dataclass(frozen=True)
-class TurnEnded(OutputEvent):
-    """The reply is over: `reason` is "done", "interrupted" (barge-in) or "error"."""
-
-    reason: str
-    spoken_text: str = ""
-    trace_name: ClassVar[str] = "turn.end"
-
-
-@dataclass(frozen=True)
-class Interrupted(InputEvent):
+class Interrupted(UninterruptibleEvent):
     """The user spoke over the reply: its audio is dropped and the history keeps only `spoken_text`."""
 
     spoken_text: str
-    trace_name: ClassVar[str] = "turn.interrupted"
 
 
 @dataclass(frozen=True)
-class TurnError(InputEvent):
+class TurnError(UninterruptibleEvent):
     """A stage failed, or the turn ran over VOICEAGENT_MAX_TURN_S (`code` "turn_too_long"): the turn ends,
     the session keeps listening."""
 
     stage: str
     message: str
     code: str = "turn_failed"
-    trace_name: ClassVar[str] = "turn.error"
+
+
+# ----- dropped on barge-in ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplyText(InterruptibleEvent):
+    """One committed block of the reply from the LLM."""
+
+    text: str
+    n_drafted: int | None = None
+    n_accepted: int | None = None
+    first: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class SpeechAudio(InterruptibleEvent):
+    """Synthesised reply audio: PCM16 mono at `sample_rate`, with the phrase it speaks."""
+
+    samples: np.ndarray = field(repr=False)
+    sample_rate: int = 16000
+    phrase: str = ""
+
+
+@dataclass(frozen=True)
+class TurnEnded(InterruptibleEvent):
+    """The reply is over: `reason` is "done", "interrupted" (barge-in) or "error"."""
+
+    reason: str
+    spoken_text: str = ""

@@ -25,7 +25,8 @@ FLUSH_FRAMES = 5  # the header is rewritten every 100 ms of audio
 
 
 class AudioRecorder:
-    """Writes each turn's input frames to its own WAV; `write_record` adds the `rec.audio` trace line."""
+    """Writes each turn's input frames to its own WAV; `write_record(turn, t_ns=..., **data)` adds
+    the `rec.audio` trace line (the trace names it)."""
 
     def __init__(self, directory: Path, write_record: Callable[..., Any]) -> None:
         self.directory = directory
@@ -57,7 +58,7 @@ class AudioRecorder:
         self._file = soundfile.SoundFile(path, "w", samplerate=SAMPLE_RATE, channels=1, subtype="PCM_16")
         self._frames = 0
         relative = f"{self.directory.name}/{path.name}"
-        self.write_record("rec.audio", turn, t_ns=t_ns, file=relative, sample_rate=SAMPLE_RATE)
+        self.write_record(turn, t_ns=t_ns, file=relative, sample_rate=SAMPLE_RATE)
 
     def close(self) -> None:
         if self._file is not None:

@@ -10,8 +10,8 @@ out and how a barge-in knows what the user heard.
   preemptively (voiceagent/preempt.py) while the endpointer waits out its end-of-speech silence. At
   speech_end the final transcript reuses that partial; the reply is kept if it answers the same words, else
   restarted. CPU-heavy calls (ASR, TTS) run in worker threads.
-- The reply streams committed blocks from the LLM; the chunker turns them into phrases and TTS speaks
-  each phrase as soon as it exists, in a task of its own, so the LLM keeps writing while TTS speaks.
+- The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
+  phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
   its queued output events are dropped, and the history keeps only the words already played.
 - A failing stage ends the turn with a `TurnError`; the session keeps listening. So does a turn that runs
@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,25 +34,35 @@ from voiceagent.clock import Clock
 from voiceagent.events import (
     Event,
     Interrupted,
-    OutputEvent,
-    Phrase,
-    ReplyText,
+    InterruptibleEvent,
     SpeechAudio,
     SpeechEnded,
     SpeechStarted,
     TranscriptFinal,
     TranscriptPartial,
-    TurnEnded,
     TurnError,
 )
 from voiceagent.llm import LLM, PrefillingLLM, ReplyBlock, ReplyOptions
 from voiceagent.preempt import PreemptiveReply
-from voiceagent.spoken import SpokenReply
-from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, SynthesizerLike, VadEdgeLike
-from voiceagent.trace import Trace
-from voiceagent.tts import synthesize_at
+from voiceagent.reply import Replier, ReplyFailed
+from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
+from voiceagent.trace import (
+    ASR_FINAL,
+    ASR_PARTIAL,
+    ASR_PARTIAL_ERROR,
+    LLM_PREEMPTIVE_CANCEL,
+    LLM_PREEMPTIVE_START,
+    LLM_PREFILL,
+    OUT_FIRST_AUDIO,
+    OUT_PLAYED,
+    TURN_ERROR,
+    TURN_INTERRUPTED,
+    VAD_SPEECH_END,
+    VAD_SPEECH_START,
+    Trace,
+)
+from voiceagent.tts import Synthesizer
 
-_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="voice-tts")
 SPEECH_SYSTEM_PROMPT = (
     "You are a friendly voice assistant talking with someone on a call. Answer in one or two short "
     "spoken sentences. Use plain words only: no lists, no markdown, no code, no emoji."
@@ -73,17 +82,6 @@ class SessionOptions:
     max_turn_s: float | None = None  # longest utterance, and longest reply in the making (None: no limit)
 
 
-async def _next_in_thread(chunks: Iterator[np.ndarray]) -> np.ndarray | None:
-    """The generator's next item, computed in a worker thread. If the caller is cancelled (barge-in), the
-    generator is closed as soon as the thread lets go of it, which stops a TTS subprocess at once."""
-    job = _EXECUTOR.submit(next, chunks, None)
-    try:
-        return await asyncio.wrap_future(job)
-    except asyncio.CancelledError:
-        job.add_done_callback(lambda _: chunks.close() if isinstance(chunks, Generator) else None)
-        raise
-
-
 class Session:
     def __init__(
         self,
@@ -91,18 +89,27 @@ class Session:
         endpointer: EndpointerLike,
         recognizer: RecognizerLike,
         llm: LLM,
-        synthesizer: SynthesizerLike,
+        synthesizer: Synthesizer,
         new_chunker: Callable[[], ChunkerLike],
         clock: Clock,
         trace: Trace,
         options: SessionOptions | None = None,
     ) -> None:
         self.endpointer, self.recognizer, self.llm = endpointer, recognizer, llm
-        self.synthesizer, self.new_chunker, self.clock, self.trace = synthesizer, new_chunker, clock, trace
+        self.clock, self.trace = clock, trace
         self.options = options or SessionOptions()
         self.history: list[dict[str, str]] = [{"role": "system", "content": self.options.system_prompt}]
+        self.replier = Replier(
+            synthesizer=synthesizer,
+            new_chunker=new_chunker,
+            endpointer=endpointer,
+            clock=clock,
+            trace=trace,
+            options=self.options,
+            history=self.history,
+            emit=self._emit,
+        )
         self.turn = 0
-        self.state = "listening"  # listening | thinking | speaking
         self._events: asyncio.Queue[Event | None] = asyncio.Queue()
         self._dropped_turns: set[int] = set()
         self._utterance_open = False
@@ -111,9 +118,7 @@ class Session:
         self._decoding: asyncio.Task[None] | None = None
         self._last_partial_ns = 0
         self._reply: asyncio.Task[None] | None = None
-        self._spoken: dict[int, SpokenReply] = {}
         self._first_out: set[int] = set()
-        self._answered = 0  # the turn whose whole reply is the history's last message
         self._paused = False  # the user is silent and the pause partial was started
         self._preempt: PreemptiveReply | None = None
         self._prefilling: asyncio.Task[bool] | None = None
@@ -164,7 +169,7 @@ class Session:
             self._interrupt()
         self.turn += 1
         self._emit(TranscriptFinal(self.clock.now_ns(), self.turn, text))
-        self.trace.write("asr.final", self.turn, text=text, typed=True)
+        self.trace.write(ASR_FINAL, self.turn, text=text, typed=True)
         self._start_reply(self._respond(self.turn, text))
 
     # ----- output ----------------------------------------------------------------------------------
@@ -172,7 +177,7 @@ class Session:
     async def events(self) -> AsyncIterator[Event]:
         """The session's events until `close()`; output events of interrupted turns are left out."""
         while (event := await self._events.get()) is not None:
-            if isinstance(event, OutputEvent) and event.turn_id in self._dropped_turns:
+            if isinstance(event, InterruptibleEvent) and event.turn_id in self._dropped_turns:
                 continue
             yield event
 
@@ -180,19 +185,18 @@ class Session:
         """The transport handed this audio to the wire (the first one of a turn is out.first_audio)."""
         if event.turn_id not in self._first_out and event.turn_id not in self._dropped_turns:
             self._first_out.add(event.turn_id)
-            self.trace.write("out.first_audio", event.turn_id)
+            self.trace.write(OUT_FIRST_AUDIO, event.turn_id)
 
     def audio_played(self, turn: int, samples: int) -> None:
         """The transport confirmed `samples` of the turn's audio as played (marks, or its clock)."""
-        spoken = self._spoken.setdefault(turn, SpokenReply())
-        spoken.played_samples = max(spoken.played_samples, samples)
-        self.trace.write("out.played", turn, samples=samples, ms=1000 * samples / self.options.output_rate)
+        self.replier.played(turn, samples)
+        ms = 1000 * samples / self.options.output_rate
+        self.trace.write(OUT_PLAYED, turn, samples=samples, ms=ms)
         self._maybe_done_speaking(turn)
 
     def _maybe_done_speaking(self, turn: int) -> None:
         """Back to listening (echo guard off) once the turn's reply is complete and all of it played."""
         if turn == self.turn and not self._replying():
-            self.state = "listening"
             self.endpointer.set_guard(False)
         self._update_idle()
 
@@ -236,8 +240,7 @@ class Session:
         current = asyncio.current_task()
         if self._reply is not None and not self._reply.done() and self._reply is not current:
             return True
-        spoken = self._spoken.get(self.turn)
-        return spoken is not None and spoken.played_samples < spoken.total_samples
+        return self.replier.playing(self.turn)
 
     def _start_utterance(self, edge: VadEdgeLike) -> None:
         if self._replying():
@@ -252,7 +255,7 @@ class Session:
         self.recognizer.start()
         self._update_idle()
         self._emit(SpeechStarted(edge.t_ns, self.turn))
-        self.trace.write("vad.speech_start", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
+        self.trace.write(VAD_SPEECH_START, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
 
     def _too_long(self, elapsed_ns: int) -> bool:
         limit = self.options.max_turn_s
@@ -274,7 +277,7 @@ class Session:
             return
         self._utterance_open = False
         self._emit(SpeechEnded(edge.t_ns, self.turn, confirmed_ns=edge.confirmed_ns))
-        self.trace.write("vad.speech_end", self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
+        self.trace.write(VAD_SPEECH_END, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
         # Audio pushed after the last voiced frame, up to the frame that confirmed the end.
         trailing_ms = (edge.confirmed_ns + FRAME_MS * 1_000_000 - edge.t_ns) / 1e6
         self._start_reply(self._finalize_and_respond(self.turn, trailing_ms))
@@ -290,7 +293,7 @@ class Session:
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(
-                    "asr.partial", turn, stable=transcript.stable, text=transcript.text, pause=pause
+                    ASR_PARTIAL, turn, stable=transcript.stable, text=transcript.text, pause=pause
                 )
                 # A partial that returns while the user is silent may already hold every word: start
                 # the reply on it; the pause partial then confirms it or starts it again.
@@ -300,7 +303,7 @@ class Session:
                 elif not pause:
                     self._prefill(turn, transcript.stable.strip())
         except Exception as error:  # a partial is only a preview: note it and carry on
-            self.trace.write("asr.partial_error", turn, message=str(error))
+            self.trace.write(ASR_PARTIAL_ERROR, turn, message=str(error))
         finally:
             self._decoding = None
 
@@ -312,11 +315,11 @@ class Session:
             self._fail(turn, "asr", error)
             return
         self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
-        self.trace.write("asr.final", turn, text=text)
+        self.trace.write(ASR_FINAL, turn, text=text)
         preempt, self._preempt = self._preempt, None
         if preempt is not None and not (text and preempt.matches(self._with_user(text))):
             preempt.cancel()
-            self.trace.write("llm.preemptive_cancel", turn, reason="the final transcript differs")
+            self.trace.write(LLM_PREEMPTIVE_CANCEL, turn, reason="the final transcript differs")
             preempt = None
         if text and turn == self.turn:
             await self._respond(turn, text, preempt)
@@ -336,7 +339,7 @@ class Session:
             return
         self._prefilled = stable
         self._prefilling = asyncio.create_task(self.llm.prefill(self._with_user(stable), draft_only=True))
-        self.trace.write("llm.prefill", turn, words=len(stable.split()))
+        self.trace.write(LLM_PREFILL, turn, words=len(stable.split()))
 
     def _with_user(self, text: str) -> list[dict[str, str]]:
         return [*self.history, {"role": "user", "content": text}]
@@ -347,86 +350,31 @@ class Session:
             return  # the same words: keep the reply that is already running
         self._drop_preemption("the words changed")
         self._preempt = PreemptiveReply(self.llm, messages, self.options.reply)
-        self.trace.write("llm.preemptive_start", turn, text=text)
+        self.trace.write(LLM_PREEMPTIVE_START, turn, text=text)
 
     def _drop_preemption(self, reason: str) -> None:
         if self._preempt is not None:
             self._preempt.cancel()
             self._preempt = None
-            self.trace.write("llm.preemptive_cancel", self.turn, reason=reason)
+            self.trace.write(LLM_PREEMPTIVE_CANCEL, self.turn, reason=reason)
 
     # ----- replying --------------------------------------------------------------------------------
 
     async def _respond(self, turn: int, user_text: str, preempt: PreemptiveReply | None = None) -> None:
-        self.state = "thinking"
-        self.history.append({"role": "user", "content": user_text})
-        phrases: asyncio.Queue[str | None] = asyncio.Queue()
-        speaker = asyncio.create_task(self._speak(turn, phrases))
-        reply, stage = "", "llm"
+        """The reply to `user_text`: the preemptive one when it was kept, else a new one."""
         blocks: AsyncIterator[ReplyBlock] = (
             preempt.blocks()
             if preempt is not None
-            else self.llm.stream(list(self.history), self.options.reply)
+            else self.llm.stream(self._with_user(user_text), self.options.reply)
         )
-        limit = asyncio.timeout(self.options.max_turn_s)
         try:
-            async with limit:
-                chunker = self.new_chunker()
-                async for block in blocks:
-                    self._on_block(turn, block, first=not reply, preemptive=preempt is not None)
-                    reply += block.text
-                    for phrase in chunker.push(block.text):
-                        phrases.put_nowait(phrase)
-                for phrase in chunker.flush():
-                    phrases.put_nowait(phrase)
-                phrases.put_nowait(None)
-                stage = "tts"
-                await speaker
-        except asyncio.CancelledError:
-            speaker.cancel()
-            raise
-        except Exception as error:
-            speaker.cancel()
-            if limit.expired():
-                seconds = self.options.max_turn_s
-                message = f"the reply took longer than the {seconds:g} s limit (VOICEAGENT_MAX_TURN_S)"
-                self._fail(turn, stage, TimeoutError(message), code="turn_too_long")
-            else:
-                self._fail(turn, stage, error)
-            return
+            await self.replier.respond(turn, user_text, blocks, preemptive=preempt is not None)
+        except ReplyFailed as failure:
+            self._fail(turn, failure.stage, failure.error, failure.code)
         finally:
             if preempt is not None:
                 preempt.cancel()  # a no-op once its stream has ended
             self._maybe_done_speaking(turn)
-        self.history.append({"role": "assistant", "content": reply.strip()})
-        self._answered = turn
-        self._emit(TurnEnded(self.clock.now_ns(), turn, "done", reply.strip()))
-        self.trace.write("turn.end", turn, reason="done", reply=reply.strip())
-
-    def _on_block(self, turn: int, block: ReplyBlock, first: bool, preemptive: bool) -> None:
-        drafted, accepted = block.n_drafted, block.n_accepted
-        self._emit(ReplyText(self.clock.now_ns(), turn, block.text, drafted, accepted, first))
-        if first:
-            self.trace.write(
-                "llm.first_block", turn, n_drafted=drafted, n_accepted=accepted, preemptive=preemptive
-            )
-        counts = {"n_tokens": block.n_tokens, "n_drafted": drafted, "n_accepted": accepted}
-        self.trace.write("llm.block", turn, text=block.text, **counts)
-
-    async def _speak(self, turn: int, phrases: asyncio.Queue[str | None]) -> None:
-        rate = self.options.output_rate
-        spoken = self._spoken.setdefault(turn, SpokenReply())
-        while (phrase := await phrases.get()) is not None:
-            self._emit(Phrase(self.clock.now_ns(), turn, phrase))
-            self.trace.write("chunk.phrase", turn, words=len(phrase.split()))
-            chunks = synthesize_at(self.synthesizer, phrase, rate)  # one resampler across the phrase
-            while (samples := await _next_in_thread(chunks)) is not None:
-                if not spoken.phrases:
-                    self.trace.write("tts.first_audio", turn, phrase=phrase)
-                    self.state = "speaking"
-                    self.endpointer.set_guard(self.options.echo_guard)
-                spoken.add_audio(phrase, len(samples))
-                self._emit(SpeechAudio(self.clock.now_ns(), turn, samples, rate, phrase))
 
     def _interrupt(self) -> None:
         turn = self.turn
@@ -434,15 +382,10 @@ class Session:
         if self._reply is not None and not self._reply.done():
             self._reply.cancel()
         self._dropped_turns.add(turn)
-        heard = self._spoken.get(turn, SpokenReply()).played_text()
-        if self._answered == turn:  # the whole reply is in the history, but not all of it was heard
-            self.history.pop()
-        if heard:
-            self.history.append({"role": "assistant", "content": heard})
-        self.state = "listening"
+        heard = self.replier.keep_heard(turn)
         self.endpointer.set_guard(False)
         self._emit(Interrupted(self.clock.now_ns(), turn, heard))
-        self.trace.write("turn.interrupted", turn, spoken_text=heard)
+        self.trace.write(TURN_INTERRUPTED, turn, spoken_text=heard)
 
     def _fail(self, turn: int, stage: str, error: Exception, code: str = "turn_failed") -> None:
         self._turn_error(turn, stage, f"{type(error).__name__}: {error}", code)
@@ -450,4 +393,4 @@ class Session:
     def _turn_error(self, turn: int, stage: str, message: str, code: str) -> None:
         """The turn ends with an error event (and its trace record); the session keeps listening."""
         self._emit(TurnError(self.clock.now_ns(), turn, stage, message, code))
-        self.trace.write("turn.error", turn, stage=stage, code=code, message=message)
+        self.trace.write(TURN_ERROR, turn, stage=stage, code=code, message=message)

@@ -1,12 +1,13 @@
 """The roles a voice session wires together, as structural types.
 
-Each role has one real implementation (vad.Endpointer, asr.StreamingRecognizer, chunker.PhraseChunker,
-tts.Synthesizer) and one fake in tests/fakes.py; the session knows only these shapes.
+Each role has one real implementation (vad.Endpointer, asr.StreamingRecognizer, chunker.PhraseChunker)
+and one fake in tests/fakes.py; the session knows only these shapes. Speech synthesis has two real ones,
+so its shape is the `Synthesizer` protocol in voiceagent/tts.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -59,10 +60,3 @@ class ChunkerLike(Protocol):
     def push(self, text: str) -> list[str]: ...
 
     def flush(self) -> list[str]: ...
-
-
-class SynthesizerLike(Protocol):
-    sample_rate: int
-    name: str
-
-    def synthesize(self, text: str) -> Iterator[np.ndarray]: ...

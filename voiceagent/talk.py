@@ -5,13 +5,12 @@ can hear the end. A simulated transport plays the agent's audio at real-time pac
 was played, as the WebSocket and phone transports do. With `fast` the clock jumps over the waits instead
 (`FastForwardClock`) and input pauses while the agent answers, so the first-audio latencies stay true
 (later playback times do not). The result holds the transcript, the reply, the reply audio and each
-turn's latencies from the trace.
+turn's latencies, taken from the trace as it is written (voiceagent/traced.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from voiceagent.clock import Clock, FastForwardClock, MonotonicClock
 from voiceagent.events import Event, SpeechAudio, TranscriptFinal, TurnEnded, TurnError
 from voiceagent.pipeline import Pipeline
 from voiceagent.session import Session, SessionOptions
-from voiceagent.trace import Trace, turn_latencies_ms
+from voiceagent.traced import traced_session
 
 TRAILING_SILENCE_S = 1.5
 
@@ -93,35 +92,41 @@ async def talk(
         raise ValueError(f"speed must be > 0, got {speed}")
     await pipeline.warm_up()
     clock = clock or (FastForwardClock() if fast else MonotonicClock())
-    trace = Trace(trace_path, uuid.uuid4().hex[:12], clock, record_audio=record_audio)
-    session = pipeline.new_session(clock, trace, options)
-    trace.write("session.start", 0, transport="talk", output_rate=session.options.output_rate)
-    result = TalkResult(output_rate=session.options.output_rate)
-    transport = _Transport(session, clock, fast, result)
-    playing = asyncio.create_task(transport.run())
-    try:
-        silence = np.zeros(int(TRAILING_SILENCE_S * 1000 / FRAME_MS) * FRAME_SAMPLES, dtype=np.int16)
-        start_ns = clock.now_ns()
-        for k, frame in enumerate(frames(np.concatenate([audio, silence]))):
-            await session.push_audio(frame)
-            if fast:
-                await clock.sleep(FRAME_MS / 1000)
-            else:  # on a schedule: time spent pushing a frame does not slow the pace down
-                due_ns = start_ns + (k + 1) * FRAME_MS * 1_000_000 / speed
-                await clock.sleep(max(0.0, (due_ns - clock.now_ns()) / 1e9))
-            if fast and session.replying:
-                # Fast-forwarding while the agent works would add the skipped time to its latencies:
-                # take the turns one at a time instead.
-                await session.wait_idle()
-        await session.wait_idle()
-    finally:
-        await session.close()
-        await playing
-        trace.write("session.end", session.turn)
-        trace.close()
-    turns = sorted({int(r["turn"]) for r in trace.records if r["event"] == "asr.final" and r.get("text")})
-    result.preemptive = any(
-        r.get("preemptive", False) for r in trace.records if r["event"] == "llm.first_block"
+    opened = traced_session(
+        pipeline, "talk", clock, options, trace_path=trace_path, record_audio=record_audio
     )
-    result.turns = [{"turn": t, "latency_ms": turn_latencies_ms(trace.records, t)} for t in turns]
+    async with opened as traced:
+        session = traced.session
+        result = TalkResult(output_rate=session.options.output_rate)
+        transport = _Transport(session, clock, fast, result)
+        playing = asyncio.create_task(transport.run())
+        try:
+            await _push_recording(session, clock, audio, fast, speed)
+        finally:
+            await session.close()  # ends the transport's events: it plays what it has, then stops
+            await playing
+    times = traced.times
+    result.preemptive = times.any_preemptive()
+    result.turns = [{"turn": t, "latency_ms": times.latencies_ms(t)} for t in times.turns_with_words()]
     return result
+
+
+async def _push_recording(
+    session: Session, clock: Clock, audio: np.ndarray, fast: bool, speed: float
+) -> None:
+    """Pushes `audio` and the trailing silence a frame at a time, at `speed` times real time, and waits
+    until the agent has answered and been heard."""
+    silence = np.zeros(int(TRAILING_SILENCE_S * 1000 / FRAME_MS) * FRAME_SAMPLES, dtype=np.int16)
+    start_ns = clock.now_ns()
+    for k, frame in enumerate(frames(np.concatenate([audio, silence]))):
+        await session.push_audio(frame)
+        if fast:
+            await clock.sleep(FRAME_MS / 1000)
+        else:  # on a schedule: time spent pushing a frame does not slow the pace down
+            due_ns = start_ns + (k + 1) * FRAME_MS * 1_000_000 / speed
+            await clock.sleep(max(0.0, (due_ns - clock.now_ns()) / 1e9))
+        if fast and session.replying:
+            # Fast-forwarding while the agent works would add the skipped time to its latencies:
+            # take the turns one at a time instead.
+            await session.wait_idle()
+    await session.wait_idle()

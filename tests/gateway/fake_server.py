@@ -39,7 +39,7 @@ class PhrasePipeline(FakePipeline):
 
     def new_session(self, clock: Any, trace: Any, options: Any = None) -> Any:
         session = super().new_session(clock, trace, options)
-        session.new_chunker = PhraseChunker
+        session.replier.new_chunker = PhraseChunker
         self.sessions.clear()  # a load run makes many: keep none
         return session
 

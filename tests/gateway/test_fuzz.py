@@ -257,7 +257,7 @@ def test_twilio_marks_that_are_not_ours_change_nothing() -> None:
             await caller.wait(lambda: bool(pipeline.sessions))
             await caller.stop()
             assert caller.closed == (1000, "stream ended")
-            assert pipeline.sessions[0]._spoken == {}  # nothing counted as played
+            assert pipeline.sessions[0].replier.spoken == {}  # nothing counted as played
 
     asyncio.run(scenario())
 

@@ -20,23 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from voiceagent.clock import Clock
 from voiceagent.config import Settings
 from voiceagent.events import Event, ReplyText
 from voiceagent.gateway.metrics import GatewayMetrics
 from voiceagent.session import Session, SessionOptions
-from voiceagent.trace import LATENCY_EVENTS, Trace, turn_latencies_ms
+from voiceagent.trace import Trace, TurnTimes
+from voiceagent.traced import PipelineLike, new_session_id, traced_session
 
-
-class PipelineLike(Protocol):
-    """What the gateway needs of `voiceagent.pipeline.Pipeline` (tests pass a fake one)."""
-
-    def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session: ...
+__all__ = ["LiveSession", "PipelineLike", "SessionHub", "SessionLimitError"]
 
 
 class SessionLimitError(RuntimeError):
@@ -56,6 +52,7 @@ class LiveSession:
     transport: str
     session: Session
     trace: Trace
+    times: TurnTimes  # fed by the trace as it is written (see voiceagent/traced.py)
     metrics: GatewayMetrics
     _counts: dict[int, _TurnCounts] = field(default_factory=dict)
     _finished: set[int] = field(default_factory=set)
@@ -77,7 +74,9 @@ class LiveSession:
         if turn in self._finished:
             return None
         self._finished.add(turn)
-        latency_ms, typed = _latencies_ms(self.trace.records, turn)
+        typed = self.times.typed(turn)
+        # A typed message has no end of speech: its latencies count from its arrival (asr_final is 0).
+        latency_ms = self.times.latencies_from_typing_ms(turn) if typed else self.times.latencies_ms(turn)
         # The latency histograms are voice to voice: typed turns are counted but not timed there.
         self.metrics.observe_turn(self.transport, outcome, {} if typed else latency_ms)
         counts = self._counts.pop(turn, _TurnCounts())
@@ -92,23 +91,6 @@ class LiveSession:
             "n_accepted": counts.accepted,
             "acceptance_rate": rate,
         }
-
-
-def _latencies_ms(records: list[dict[str, Any]], turn: int) -> tuple[dict[str, float | None], bool]:
-    """The turn's headline latencies (trace.turn_latencies_ms): from the end of speech, or for a typed
-    message from its arrival (its asr_final is then 0). Also whether the turn was typed."""
-    mine = [r for r in records if r.get("turn") == turn]
-    typed = next((r for r in mine if r["event"] == "asr.final" and r.get("typed")), None)
-    if typed is None or any(r["event"] == "vad.speech_end" for r in mine):
-        return turn_latencies_ms(records, turn), False
-    first: dict[str, int] = {}
-    for record in mine:
-        first.setdefault(record["event"], int(record["t_ns"]))
-    origin = int(typed["t_ns"])
-    return {
-        name: None if event not in first else (first[event] - origin) / 1e6
-        for name, event in LATENCY_EVENTS.items()
-    }, True
 
 
 class SessionHub:
@@ -150,27 +132,26 @@ class SessionHub:
             )
         if options.max_turn_s is None:
             options = dataclasses.replace(options, max_turn_s=self.settings.max_turn_s)
-        session_id = uuid.uuid4().hex[:12]
+        session_id = new_session_id()
         path = None if self.settings.trace_dir is None else self.settings.trace_dir / f"{session_id}.jsonl"
-        trace = Trace(path, session_id, self.clock, record_audio=self.settings.record_audio)
-        try:
-            session = self.pipeline.new_session(self.clock, trace, options)
-        except BaseException:
-            trace.close()
-            raise
-        live = LiveSession(session_id, transport, session, trace, self.metrics)
-        self.live[session_id] = live
-        self.metrics.sessions.labels(transport).inc()
-        self.metrics.sessions_active.labels(transport).inc()
-        trace.write("session.start", 0, transport=transport, output_rate=options.output_rate)
-        try:
-            yield live
-        finally:
-            del self.live[session_id]
-            self.metrics.sessions_active.labels(transport).dec()
+        opened = traced_session(
+            self.pipeline,
+            transport,
+            self.clock,
+            options,
+            trace_path=path,
+            session_id=session_id,
+            record_audio=self.settings.record_audio,
+        )
+        async with opened as traced:
+            live = LiveSession(
+                session_id, transport, traced.session, traced.trace, traced.times, self.metrics
+            )
+            self.live[session_id] = live
+            self.metrics.sessions.labels(transport).inc()
+            self.metrics.sessions_active.labels(transport).inc()
             try:
-                await session.close()
-                await session.llm.aclose()
+                yield live
             finally:
-                trace.write("session.end", session.turn)
-                trace.close()
+                del self.live[session_id]
+                self.metrics.sessions_active.labels(transport).dec()

@@ -1,4 +1,4 @@
-"""Per-turn latency stages and run statistics from a trace (see voiceagent/trace.py and DESIGN.md).
+"""Per-turn latency stages and run statistics from a trace (see voiceagent/trace.py and docs/design.md).
 
 Every voice stage is measured in milliseconds from the turn's `vad.speech_end` time (`t_ns`: the end of the
 last voiced frame), to the first record of its event:
@@ -25,8 +25,22 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from voiceagent.replay.stats import Speculative, Stats, percentiles, rounded, speculative_words
-from voiceagent.replay.traces import TraceFile, is_known_event
-from voiceagent.trace import LATENCY_EVENTS
+from voiceagent.replay.traces import TraceFile, drop_before_session_start, is_known_event
+from voiceagent.trace import (
+    ASR_FINAL,
+    CHUNK_PHRASE,
+    LATENCY_EVENTS,
+    LLM_BLOCK,
+    LLM_FIRST_BLOCK,
+    OUT_PLAYED,
+    SESSION_END,
+    SESSION_START,
+    TURN_END,
+    TURN_ERROR,
+    TURN_INTERRUPTED,
+    VAD_SPEECH_END,
+    VAD_SPEECH_START,
+)
 
 # The stages in pipeline order, each measured from the end of the user's speech.
 STAGES = ("endpointing", "asr_final", "first_block", "tts_first_audio", "voice_to_voice")
@@ -40,13 +54,8 @@ STAGE_TITLES = {
 }
 OUTCOMES = ("done", "interrupted", "error", "incomplete")
 # Events a turn is made of: a (session, turn) pair without any of these is not a user turn.
-TURN_OPENERS = frozenset({"vad.speech_start", "vad.speech_end", "asr.final"})
-SESSION_EVENTS = frozenset({"session.start", "session.end"})
-# Records dated by the start of their audio, not by when they were written: the gateway dates a frame from
-# its message's arrival minus the message's audio length (gateway/inbound.py), so the first frames may come
-# before session.start by up to one client message (a Twilio frame: 20 ms; a WebSocket chunk: more).
-AUDIO_DATED = frozenset({"vad.speech_start", "vad.speech_end", "rec.audio"})
-AUDIO_DATED_SLACK_NS = 1_000_000_000
+TURN_OPENERS = frozenset({VAD_SPEECH_START, VAD_SPEECH_END, ASR_FINAL})
+SESSION_EVENTS = frozenset({SESSION_START, SESSION_END})
 
 
 class Span(NamedTuple):
@@ -167,7 +176,7 @@ def analyse_records(records: Sequence[dict[str, Any]], problems: list[str]) -> l
     """The user turns in `records` (any order, any number of sessions), sorted by session (first record
     first) then turn number. Appends what it had to leave out to `problems`."""
     usable = [record for record in records if is_known_event(record["event"])]
-    usable = _drop_before_session_start(usable, problems)
+    usable = drop_before_session_start(usable, problems)
     groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     session_first: dict[str, int] = {}
     for record in usable:
@@ -178,33 +187,6 @@ def analyse_records(records: Sequence[dict[str, Any]], problems: list[str]) -> l
     keys = [key for key, group in groups.items() if any(r["event"] in TURN_OPENERS for r in group)]
     keys.sort(key=lambda key: (session_first[key[0]], key[0], key[1]))
     return [analyse_turn(session, turn, groups[(session, turn)], problems) for session, turn in keys]
-
-
-def _drop_before_session_start(records: list[dict[str, Any]], problems: list[str]) -> list[dict[str, Any]]:
-    """Records older than their session's `session.start` (clock trouble, or a mixed-up file) are left out;
-    audio-dated records only when they are older by more than AUDIO_DATED_SLACK_NS."""
-    starts: dict[str, int] = {}
-    for record in records:
-        if record["event"] == "session.start":
-            session = record["session"]
-            starts[session] = min(starts.get(session, record["t_ns"]), record["t_ns"])
-    kept: list[dict[str, Any]] = []
-    early: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        start = starts.get(record["session"])
-        slack = AUDIO_DATED_SLACK_NS if record["event"] in AUDIO_DATED else 0
-        if start is not None and record["t_ns"] < start - slack:
-            early[record["session"]].append(record)
-        else:
-            kept.append(record)
-    for session, dropped in early.items():
-        first = min(dropped, key=lambda r: r["t_ns"])
-        problems.append(
-            f"session {session or '(none)'}: {len(dropped)} record(s) dated before its session.start "
-            f"(out-of-order timestamps, e.g. turn {first['turn']} {first['event']} "
-            f"{(starts[session] - first['t_ns']) / 1e6:.1f} ms early): not counted"
-        )
-    return kept
 
 
 class _Turn:
@@ -227,12 +209,12 @@ def analyse_turn(session: str, number: int, records: list[dict[str, Any]], probl
     """One turn's stages, outcome, speculative figures and waterfall (see the module's docstring)."""
     turn = _Turn(records)
     timing = TurnTiming(session, number, dict.fromkeys(STAGES))
-    final, end = turn.first("asr.final"), turn.first("vad.speech_end")
+    final, end = turn.first(ASR_FINAL), turn.first(VAD_SPEECH_END)
     if final is not None:
         timing.transcript = _text(final.get("text"))
         timing.typed = final.get("typed") is True
     timing.outcome, timing.error = _outcome(turn)
-    blocks = turn.all("llm.block")
+    blocks = turn.all(LLM_BLOCK)
     timing.reply = _reply(turn, blocks)
     timing.speculative = _speculative(turn, blocks)
     origin = final if timing.typed and end is None else end  # a typed turn is drawn from its message
@@ -246,7 +228,7 @@ def analyse_turn(session: str, number: int, records: list[dict[str, Any]], probl
         timing.stages["endpointing"] = confirmed_ms
         timing.stages.update(points)
     block_ms = [(record, clock.ms(record, "an llm.block")) for record in blocks]
-    played = [clock.ms(record, "out.played") for record in turn.all("out.played")]
+    played = [clock.ms(record, "out.played") for record in turn.all(OUT_PLAYED)]
     timing.spans = _spans(
         turn, clock, confirmed_ms, points, _present(ms for _, ms in block_ms), _present(played)
     )
@@ -316,7 +298,7 @@ def _spans(
             return
         spans.append(Span(label, start, end))
 
-    speech_start, spoken = turn.first("vad.speech_start"), turn.first("vad.speech_end") is not None
+    speech_start, spoken = turn.first(VAD_SPEECH_START), turn.first(VAD_SPEECH_END) is not None
     if speech_start is not None and spoken:
         add("user speech", (speech_start["t_ns"] - clock.origin_ns) / 1e6, 0.0)
     add("endpointing", 0.0, confirmed_ms)
@@ -326,7 +308,7 @@ def _spans(
     add("LLM first block", asr_final, first_block)
     if block_ms and first_block is not None and max(block_ms) > first_block:
         add("LLM decoding", first_block, max(block_ms))
-    phrase = clock.ms(turn.first("chunk.phrase"), "the first chunk.phrase")
+    phrase = clock.ms(turn.first(CHUNK_PHRASE), "the first chunk.phrase")
     if phrase is not None and first_block is not None and phrase >= first_block:
         add("first phrase", first_block, phrase)  # the chunker waiting for enough committed words
         add("TTS", phrase, points["tts_first_audio"])
@@ -339,19 +321,19 @@ def _spans(
 
 def _outcome(turn: _Turn) -> tuple[str, str | None]:
     """done / interrupted / error / incomplete (an error wins, then a barge-in, then the turn's end)."""
-    error = turn.first("turn.error")
+    error = turn.first(TURN_ERROR)
     if error is not None:
         return "error", f"{_text(error.get('stage'))}: {_text(error.get('message'))}"
-    if turn.first("turn.interrupted") is not None:
+    if turn.first(TURN_INTERRUPTED) is not None:
         return "interrupted", None
-    if turn.first("turn.end") is not None:
+    if turn.first(TURN_END) is not None:
         return "done", None
     return "incomplete", None
 
 
 def _reply(turn: _Turn, blocks: list[dict[str, Any]]) -> str:
     """The reply as the turn ended it, or the blocks committed so far."""
-    end = turn.first("turn.end")
+    end = turn.first(TURN_END)
     if end is not None and isinstance(end.get("reply"), str):
         return str(end["reply"])
     return "".join(_text(block.get("text")) for block in blocks).strip()
@@ -373,7 +355,7 @@ def _speculative(turn: _Turn, blocks: list[dict[str, Any]]) -> Speculative:
         span_ms = (blocks[-1]["t_ns"] - blocks[0]["t_ns"]) / 1e6
         if after_first > 0 and span_ms >= 0:
             figures.decode_tokens, figures.decode_ms = after_first, span_ms
-    first = turn.first("llm.first_block")
+    first = turn.first(LLM_FIRST_BLOCK)
     figures.preemptive_turns = int(first is not None and first.get("preemptive") is True)
     return figures
 

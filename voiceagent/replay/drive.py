@@ -34,7 +34,23 @@ from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, mulaw_encode,
 from voiceagent.clock import Clock, MonotonicClock
 from voiceagent.replay.recordings import Recording
 from voiceagent.talk import TRAILING_SILENCE_S
-from voiceagent.trace import Trace
+from voiceagent.trace import (
+    ASR_FINAL,
+    ASR_PARTIAL,
+    LLM_BLOCK,
+    LLM_FIRST_BLOCK,
+    OUT_FIRST_AUDIO,
+    OUT_PLAYED,
+    SESSION_END,
+    SESSION_START,
+    TTS_FIRST_AUDIO,
+    TURN_END,
+    TURN_ERROR,
+    TURN_INTERRUPTED,
+    VAD_SPEECH_END,
+    VAD_SPEECH_START,
+    Trace,
+)
 
 PHONE_RATE = 8000
 QUIET_S = (
@@ -105,7 +121,7 @@ class _WsSession:
                 raise RuntimeError(f"the server refused the session: {message.get('message')}")
         self.result.session = str(message.get("session_id", uuid.uuid4().hex[:12]))
         self.trace = Trace(self.out, self.result.session, self.clock)
-        self.write("session.start", 0, transport="ws-replay")
+        self.write(SESSION_START, 0, transport="ws-replay")
 
     async def read(self) -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -120,45 +136,45 @@ class _WsSession:
         turn = self.audio_turn
         if turn and turn not in self.first_audio:
             self.first_audio.add(turn)
-            self.write("out.first_audio", turn)
+            self.write(OUT_FIRST_AUDIO, turn)
 
     def _on_event(self, message: dict[str, Any]) -> None:
         kind, turn = message.get("type"), int(message.get("turn") or 0)
         now = self.clock.now_ns()
         if kind == "vad.speech_start":
-            self.write("vad.speech_start", turn)
+            self.write(VAD_SPEECH_START, turn)
         elif kind == "vad.speech_end":
             end = now - int(float(message.get("waited_ms") or 0.0) * 1e6)
             self.speech_end_ns[turn] = end
-            self.write("vad.speech_end", turn, t_ns=end, confirmed_ns=now)
+            self.write(VAD_SPEECH_END, turn, t_ns=end, confirmed_ns=now)
         elif kind == "transcript.partial":
-            self.write("asr.partial", turn, text=message.get("text", ""), stable=message.get("stable", ""))
+            self.write(ASR_PARTIAL, turn, text=message.get("text", ""), stable=message.get("stable", ""))
         elif kind == "transcript.final":
             text = str(message.get("text", ""))
-            self.write("asr.final", turn, text=text)
+            self.write(ASR_FINAL, turn, text=text)
             if text.strip():
                 self.pending.add(turn)
                 self.result.transcript = " ".join(filter(None, [self.result.transcript, text]))
         elif kind == "agent.block":
             counts = {k: message.get(k) for k in ("n_drafted", "n_accepted")}
             if message.get("first"):
-                self.write("llm.first_block", turn, **counts)
-            self.write("llm.block", turn, text=message.get("text", ""), **counts)
+                self.write(LLM_FIRST_BLOCK, turn, **counts)
+            self.write(LLM_BLOCK, turn, text=message.get("text", ""), **counts)
             self.replies[turn] = self.replies.get(turn, "") + str(message.get("text", ""))
         elif kind == "agent.audio.start":
             self.audio_turn = turn
         elif kind == "agent.audio.end":
             self.write(
-                "out.played", turn, samples=message.get("samples"), interrupted=message.get("interrupted")
+                OUT_PLAYED, turn, samples=message.get("samples"), interrupted=message.get("interrupted")
             )
         elif kind == "interrupted":
-            self.write("turn.interrupted", turn, spoken_text=message.get("spoken_text", ""))
+            self.write(TURN_INTERRUPTED, turn, spoken_text=message.get("spoken_text", ""))
         elif kind == "turn.metrics":
             self._on_metrics(turn, message)
         elif kind == "error":
             self.result.errors.append(f"{message.get('code')}: {message.get('message')}")
             self.write(
-                "turn.error", turn, stage=message.get("stage", "server"), message=message.get("message", "")
+                TURN_ERROR, turn, stage=message.get("stage", "server"), message=message.get("message", "")
             )
             self.pending.discard(turn)
 
@@ -167,10 +183,10 @@ class _WsSession:
         tts_ms = latency.get("tts_first_audio")
         if turn in self.speech_end_ns and isinstance(tts_ms, int | float):
             t = self.speech_end_ns[turn] + int(tts_ms * 1e6)
-            self.write("tts.first_audio", turn, t_ns=t, source="server")
+            self.write(TTS_FIRST_AUDIO, turn, t_ns=t, source="server")
         reply = self.replies.get(turn, "").strip()
         self.write(
-            "turn.end", turn, reason=message.get("outcome", "done"), reply=reply, server_latency_ms=latency
+            TURN_END, turn, reason=message.get("outcome", "done"), reply=reply, server_latency_ms=latency
         )
         if message.get("outcome") == "done":
             self.result.reply = " ".join(filter(None, [self.result.reply, reply]))
@@ -182,7 +198,7 @@ class _WsSession:
 
     def close(self) -> None:
         if self.trace is not None:
-            self.write("session.end", 0)
+            self.write(SESSION_END, 0)
             self.trace.close()
 
 
@@ -332,14 +348,14 @@ def write_phone_trace(
     """The recorded ends of speech on the replay's timeline, each with the first agent audio after it."""
     trace = Trace(out, session, clock)
     try:
-        trace.write("session.start", 0, t_ns=start_ns, transport="twilio-replay")
+        trace.write(SESSION_START, 0, t_ns=start_ns, transport="twilio-replay")
         ends = sorted((start_ns + int(seconds / speed * 1e9), turn) for turn, seconds in speech_ends.items())
         for i, (end_ns, turn) in enumerate(ends):
-            trace.write("vad.speech_end", turn, t_ns=end_ns, source="recorded")
+            trace.write(VAD_SPEECH_END, turn, t_ns=end_ns, source="recorded")
             until = ends[i + 1][0] if i + 1 < len(ends) else None
             first = next((t for t in media_ns if t >= end_ns and (until is None or t < until)), None)
             if first is not None:
-                trace.write("out.first_audio", turn, t_ns=first)
-        trace.write("session.end", 0)
+                trace.write(OUT_FIRST_AUDIO, turn, t_ns=first)
+        trace.write(SESSION_END, 0)
     finally:
         trace.close()

@@ -17,6 +17,7 @@ import numpy as np
 
 from voiceagent.audio import SAMPLE_RATE, read_wav
 from voiceagent.recording import GAP_MS
+from voiceagent.trace import REC_AUDIO, VAD_SPEECH_END
 
 
 @dataclass
@@ -38,7 +39,7 @@ def recordings(records: list[dict[str, Any]], trace_path: Path) -> list[Recordin
     """Every session of the trace that recorded audio, in the order its recording started."""
     by_session: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        if record.get("event") == "rec.audio" and isinstance(record.get("file"), str):
+        if record.get("event") == REC_AUDIO and isinstance(record.get("file"), str):
             by_session.setdefault(str(record.get("session", "")), []).append(record)
     found = [
         _session_recording(session, files, records, trace_path.parent)
@@ -76,7 +77,7 @@ def _session_recording(
     ends = {
         int(r["turn"]): _timeline_seconds(int(r["t_ns"]), starts)
         for r in records
-        if r.get("event") == "vad.speech_end" and str(r.get("session", "")) == session
+        if r.get("event") == VAD_SPEECH_END and str(r.get("session", "")) == session
     }
     return Recording(session, np.concatenate(pieces), starts[0][0], ends, problems)
 

@@ -4,43 +4,31 @@ A trace is written one flushed line per event, so a crash can leave a truncated 
 edited, concatenated or corrupted. `read_trace` keeps every well-formed record (in file order, which is not
 time order: VAD edges carry the earlier time of their frame) and describes every line it could not use as a
 readable problem with its line number. Bad content never raises; only a missing or unreadable file does.
+`drop_before_session_start` leaves out the records whose timestamps cannot be right.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The events the analysis knows (voiceagent/session.py, voiceagent/gateway/hub.py, voiceagent/recording.py).
-KNOWN_EVENTS = frozenset(
-    {
-        "session.start",
-        "session.end",
-        "rec.audio",
-        "vad.speech_start",
-        "vad.speech_end",
-        "asr.partial",
-        "asr.partial_error",
-        "asr.final",
-        "llm.prefill",
-        "llm.preemptive_start",
-        "llm.preemptive_cancel",
-        "llm.first_block",
-        "llm.block",
-        "chunk.phrase",
-        "tts.first_audio",
-        "out.first_audio",
-        "out.played",
-        "turn.end",
-        "turn.interrupted",
-        "turn.error",
-    }
+from voiceagent.trace import (
+    PIPELINE_EVENTS,
+    REC_AUDIO,
+    SESSION_START,
+    TRANSPORT_EVENT_PREFIXES,
+    VAD_SPEECH_END,
+    VAD_SPEECH_START,
 )
-# Whole families of transport events: known, and not part of the latency analysis.
-KNOWN_PREFIXES = ("twilio.", "in.")
+
+# Records dated by the start of their audio, not by when they were written: the gateway dates a frame from
+# its message's arrival minus the message's audio length (gateway/inbound.py), so the first frames may come
+# before session.start by up to one client message (a Twilio frame: 20 ms; a WebSocket chunk: more).
+AUDIO_DATED = frozenset({VAD_SPEECH_START, VAD_SPEECH_END, REC_AUDIO})
+AUDIO_DATED_SLACK_NS = 1_000_000_000
 
 
 @dataclass
@@ -53,8 +41,9 @@ class TraceFile:
 
 
 def is_known_event(event: str) -> bool:
-    """True for the events the analysis understands (the others are kept but ignored)."""
-    return event in KNOWN_EVENTS or event.startswith(KNOWN_PREFIXES)
+    """True for the events the analysis understands, and for transport events (voiceagent/trace.py names
+    both); the others are kept but ignored."""
+    return event in PIPELINE_EVENTS or event.startswith(TRANSPORT_EVENT_PREFIXES)
 
 
 def read_trace(path: Path | str) -> TraceFile:
@@ -129,3 +118,30 @@ def _is_int(value: Any) -> bool:
 
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def drop_before_session_start(records: list[dict[str, Any]], problems: list[str]) -> list[dict[str, Any]]:
+    """Records older than their session's `session.start` (clock trouble, or a mixed-up file) are left out;
+    audio-dated records only when they are older by more than AUDIO_DATED_SLACK_NS."""
+    starts: dict[str, int] = {}
+    for record in records:
+        if record["event"] == SESSION_START:
+            session = record["session"]
+            starts[session] = min(starts.get(session, record["t_ns"]), record["t_ns"])
+    kept: list[dict[str, Any]] = []
+    early: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        start = starts.get(record["session"])
+        slack = AUDIO_DATED_SLACK_NS if record["event"] in AUDIO_DATED else 0
+        if start is not None and record["t_ns"] < start - slack:
+            early[record["session"]].append(record)
+        else:
+            kept.append(record)
+    for session, dropped in early.items():
+        first = min(dropped, key=lambda r: r["t_ns"])
+        problems.append(
+            f"session {session or '(none)'}: {len(dropped)} record(s) dated before its session.start "
+            f"(out-of-order timestamps, e.g. turn {first['turn']} {first['event']} "
+            f"{(starts[session] - first['t_ns']) / 1e6:.1f} ms early): not counted"
+        )
+    return kept
