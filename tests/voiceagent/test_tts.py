@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from voiceagent import tts, voices
+from voiceagent import speech_models as voices
+from voiceagent import tts
 from voiceagent.audio import SAMPLE_RATE
 from voiceagent.chunker import PhraseChunker
+from voiceagent.speech_models import VoiceError
 from voiceagent.tts import EspeakSynthesizer, PiperSynthesizer, Synthesizer, load_synthesizer, synthesize_at
-from voiceagent.voices import VoiceError
 from voiceagent.wer import word_error_rate
 
 pytestmark = pytest.mark.bundled
