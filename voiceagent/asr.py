@@ -175,6 +175,8 @@ class WhisperDecoder:
         o = self.options
         if result.no_speech_prob > o.no_speech_threshold and avg_logprob < o.log_prob_threshold:
             return "", [], encoder_output, n_frames
+        if not re.search(r"\w", text):  # "." or "..." alone: Whisper's guess on silence, not speech
+            return "", [], encoder_output, n_frames
         return text, tokens, encoder_output, n_frames
 
     def _prompt(self, prompt: str) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.generate import Engine, ModelState
+from engine.generate import FUSED_PREFILL, Engine, ModelState, _prefill_state
 from engine.load import chat_prompt, load_engine, load_tokenizer
 from engine.models import converted_dir
 from engine.sampling import SamplingParams
@@ -69,13 +69,19 @@ def bf16_step(logit: float) -> float:
 
 
 def plain_path_logits(engine: Engine, prompt: list[int], generated: list[int]) -> torch.Tensor:
-    """The target's logits after prompt + generated, computed exactly as plain decoding does: [V]."""
+    """The target's logits after prompt + generated, fed in the very forwards plain decoding runs: [V].
+
+    In bf16 a forward's rounding depends on how many ids it holds (on AVX2 the matrix kernels block and
+    accumulate differently by row count), so the keys of a prompt prefilled in one forward differ from
+    those of the same prompt split as plain decoding splits it. The schedule is the engine's own: the
+    prompt but its last FUSED_PREFILL ids in PREFILL_CHUNK chunks, those ids with the first step, then one
+    id a step.
+    """
     state = ModelState(engine.target, engine.target.new_cache())
-    state.feed(prompt[:-1], 0, "none")
-    sequence = [*prompt, *generated]
-    logits = None
-    for position in range(len(prompt) - 1, len(sequence)):
-        logits = state.feed([sequence[position]], position, "last")
+    _prefill_state(state, prompt, leave=FUSED_PREFILL)
+    logits = state.feed(prompt[state.valid :], state.valid, "last")
+    for position, token in enumerate(generated, start=len(prompt)):
+        logits = state.feed([token], position, "last")
     assert logits is not None
     return logits[0]
 
