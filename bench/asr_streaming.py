@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from faster_whisper import WhisperModel
 
-from tests.fakes import espeak_speech
+from tests.support.audio import espeak_speech
 from voiceagent.asr import AsrOptions, StreamingRecognizer, WhisperDecoder, load_whisper
 from voiceagent.audio import FRAME_SAMPLES, to_float
 from voiceagent.wer import normalized_words, word_error_rate

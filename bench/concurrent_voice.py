@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from tests.fakes import espeak_speech, silence
-from tests.gateway.helpers import Client, client, running
-from voiceagent.bench import percentiles
+from tests.support.audio import espeak_speech, silence
+from tests.support.gateway import Client, client, running
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
+from voiceagent.replay.stats import latency_summary
 
 QUESTIONS = Path("bench/voice_questions.txt")
 GOAL_MS = 2000.0
@@ -91,8 +91,8 @@ async def run_level(host: str, n: int, clips: list[np.ndarray], turns: int) -> d
         "concurrent": n,
         "turns": len(metrics),
         "outcomes": outcomes,
-        "voice_to_voice_ms": percentiles(v2v),
-        "first_block_ms": percentiles(first_block),
+        "voice_to_voice_ms": latency_summary(v2v),
+        "first_block_ms": latency_summary(first_block),
         "seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.gateway.drops import (
+from tests.support.gateway import (
     DropPipeline,
     DropResult,
     Resources,
@@ -32,10 +32,10 @@ from tests.gateway.drops import (
     gauges,
     one_full_turn,
     random_plans,
+    running,
     settle,
     tally,
 )
-from tests.gateway.helpers import running
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.llm import engine_lock

@@ -4,7 +4,7 @@ messages while a healthy session uses the same servers; print progress, then one
     .venv/bin/python bench/fuzz.py --messages 100000              # as fast as the servers take them
     .venv/bin/python bench/fuzz.py --messages 100000 --rate 250   # paced: hostile content, moderate load
 
-The generators and drivers are tests/fuzzing.py (tests/gateway/test_fuzz.py runs a short round). Exit
+The generators and drivers are tests/support/fuzzing/ (tests/gateway/test_fuzz.py runs a short round). Exit
 status 1 when a server crashed, logged an unhandled exception, or answered a message against the protocol.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzzing import Plan, Tally, fuzz_round  # noqa: E402
+from tests.support.fuzzing import Plan, Tally, fuzz_round  # noqa: E402
 
 
 def main() -> int:

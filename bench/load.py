@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.servers import stop_process, wait_until_healthy
+from tests.support.servers import stop_process, wait_until_healthy
 from voiceagent.audio import mulaw_encode
+from voiceagent.replay.stats import percentile, rounded
 
 RATE = 8000
 FRAME_S = 0.02
@@ -296,8 +297,9 @@ def start_server(port: int, max_sessions: int, log: Path, profile: Path | None) 
     return server
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if values else None
+def _ms_at(values: list[float], q: float) -> float | None:
+    """The q-th percentile of `values` (ms), to 0.1 ms."""
+    return rounded(percentile(values, q), 1)
 
 
 def run_level(n: int, workers: int, turns: int, port: int, log: Path, profile: Path | None) -> dict[str, Any]:
@@ -352,16 +354,16 @@ def run_level(n: int, workers: int, turns: int, port: int, log: Path, profile: P
         "failed": [call["error"] for call in calls if call["error"]][:5],
         "media_messages": len(lateness),
         "lateness_ms": {
-            "p50": percentile(lateness, 50),
-            "p99": percentile(lateness, 99),
+            "p50": _ms_at(lateness, 50),
+            "p99": _ms_at(lateness, 99),
             "max": round(max(lateness), 1) if lateness else None,
         },  # fmt: skip
         "late_over_20ms": sum(1 for v in lateness if v > GOAL_MS),
         "underruns": sum(call["underruns"] for call in calls),
-        "response_ms": {"p50": percentile(response, 50), "p95": percentile(response, 95)},
+        "response_ms": {"p50": _ms_at(response, 50), "p95": _ms_at(response, 95)},
         "server_cpu": round(server_cpu, 2),  # CPU seconds per second (all threads)
         "server_run_queue_wait": round(server_waited, 2),  # seconds per second runnable but not running
-        "client_loop_lag_ms": {"p99": percentile(lags, 99), "max": round(max(lags), 1) if lags else None},
+        "client_loop_lag_ms": {"p99": _ms_at(lags, 99), "max": round(max(lags), 1) if lags else None},
     }
 
 
@@ -390,7 +392,7 @@ def main() -> None:
     if args.worker:
         worker_main(args)
         return
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     SERVER_ARGS.extend(args.server_args.split())
     if args.inbound_cost:

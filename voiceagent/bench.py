@@ -28,6 +28,7 @@ import numpy as np
 
 from voiceagent.audio import SAMPLE_RATE, read_wav, resample
 from voiceagent.config import Settings
+from voiceagent.replay.stats import latency_summary
 from voiceagent.wer import word_error_rate
 
 DEFAULT_QUESTIONS = Path("bench/voice_questions.txt")
@@ -63,18 +64,6 @@ def speak_question(text: str, voice: str, directory: Path, piper: Any) -> np.nda
         raise ValueError(f"unknown voice {voice!r}: 'piper' or 'espeak:NAME'")
     lead = np.zeros(int(LEADING_SILENCE_S * SAMPLE_RATE), dtype=np.int16)
     return np.concatenate([lead, speech.astype(np.int16)])
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "max": None, "n": 0}
-    data = np.asarray(values, dtype=np.float64)
-    return {
-        "p50": round(float(np.percentile(data, 50)), 1),
-        "p95": round(float(np.percentile(data, 95)), 1),
-        "max": round(float(data.max()), 1),
-        "n": int(data.size),
-    }
 
 
 async def run_clips(
@@ -115,7 +104,7 @@ def _row(i: int, r: ClipResult) -> str:
 
 def summarize(results: Sequence[ClipResult], settings: Settings, load_s: float) -> dict[str, Any]:
     summary: dict[str, Any] = {
-        stage: percentiles([v for r in results if (v := r.latency_ms.get(stage)) is not None])
+        stage: latency_summary([v for r in results if (v := r.latency_ms.get(stage)) is not None])
         for stage in STAGES
     }
     summary.update(

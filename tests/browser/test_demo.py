@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.browser.chromium import ARTIFACTS, launch
 from tests.fakes import espeak_speech
-from tests.servers import free_port, stop_process, wait_until_healthy
+from tests.support.servers import free_port, stop_process, wait_until_healthy
 from voiceagent.audio import SAMPLE_RATE, write_wav
 from voiceagent.wer import normalized_words, word_error_rate
 

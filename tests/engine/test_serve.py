@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import free_port, wait_until_healthy
+from tests.support.servers import free_port, wait_until_healthy
 
 pytestmark = pytest.mark.bundled
 

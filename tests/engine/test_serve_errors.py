@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.load import load_engine
 from engine.server.app import ServerConfig, ServerThread, build_app
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.bundled
 

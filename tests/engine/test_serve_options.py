@@ -13,7 +13,7 @@ import pytest
 from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET, _parser
 from engine.server.cli import ServeOptions, serve_options
 from engine.server.protocol import APIError, ChatCompletionRequest, parse_request
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 MODEL = "smollm2-135m-instruct"
 

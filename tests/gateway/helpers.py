@@ -17,7 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.fakes import FakePipeline
-from tests.servers import free_port
+from tests.support.servers import free_port
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.gateway.serve import uvicorn_config

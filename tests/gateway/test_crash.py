@@ -20,7 +20,7 @@ from websockets.asyncio.client import connect
 
 from tests.gateway.helpers import client, quiet, tone
 from tests.gateway.twilio_sim import RATE, TwilioCaller
-from tests.servers import free_port, wait_until_healthy
+from tests.support.servers import free_port, wait_until_healthy
 
 
 @contextlib.contextmanager

@@ -17,10 +17,10 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from tests.fakes import FakePipeline
-from tests.fuzzing import FuzzTokenizer
 from tests.gateway.helpers import Client, client, fake_app, quiet, running, tone
 from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
+from tests.support.fuzzing import FuzzTokenizer
 from voiceagent.gateway.webrtc_peer import WebRtcPeer
 from voiceagent.llm import LocalLLM, ReplyBlock
 from voiceagent.session import Session

@@ -1,4 +1,4 @@
-"""Fuzzing: a short round of tests/fuzzing.py against the gateway and the engine server (each in its own
+"""Fuzzing: a short round of tests/support/fuzzing/ against the gateway and the engine server (each in its own
 process, logs captured) while a healthy session uses them; the parsers under arbitrary input (hypothesis);
 and a regression test for each fault the fuzzing found."""
 
@@ -25,11 +25,11 @@ from engine.server.app import build_app as build_engine_app
 from engine.server.http_deadline import HeadersDeadline as EngineHeadersDeadline
 from engine.server.protocol import APIError, ChatCompletionRequest, parse_request
 from tests.fakes import TINY_VOCAB, tiny_engine
-from tests.fuzzing import FuzzTokenizer, Plan, fuzz_round, percentile
 from tests.gateway.helpers import client, fake_app, running
 from tests.gateway.test_webrtc import build
 from tests.gateway.twilio_sim import TwilioCaller
-from tests.servers import free_port
+from tests.support.fuzzing import FuzzTokenizer, Plan, fuzz_round
+from tests.support.servers import free_port
 from voiceagent.gateway import twilio_protocol as tp
 from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel
@@ -38,6 +38,7 @@ from voiceagent.gateway.serve import HeadersDeadline
 from voiceagent.gateway.webrtc import _parse_offer, contain_connect_failures
 from voiceagent.gateway.webrtc_peer import WebRtcPeer
 from voiceagent.gateway.ws_protocol import ProtocolError, parse_client_message
+from voiceagent.replay.stats import percentile
 
 DEEP = "[" * 50_000 + "]" * 50_000  # past Python's recursion limit: RecursionError, not a JSONDecodeError
 
@@ -57,7 +58,7 @@ def test_a_fuzzing_round_crashes_nothing_and_answers_every_bad_message(tmp_path:
     # the healthy session completed its turns, at about its usual latency
     before, during = result.baseline["ws"], result.during["ws"]
     assert before.failed == during.failed == 0 and len(during.server_ms) >= 10
-    assert percentile(during.server_ms, 0.5) <= 3 * percentile(before.server_ms, 0.5) + 20  # type: ignore[operator]
+    assert percentile(during.server_ms, 50) <= 3 * percentile(before.server_ms, 50) + 20  # type: ignore[operator]
     assert result.during["engine"].failed == 0 and len(result.during["engine"].client_ms) >= 10
 
 

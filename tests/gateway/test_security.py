@@ -21,10 +21,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from engine.server.app import Server, ServerConfig
-from tests.fuzzing import sample_offer, server_process
 from tests.gateway.helpers import client, quiet, running, tone
 from tests.gateway.test_units import request
 from tests.gateway.test_webrtc import build
+from tests.support.fuzzing import sample_offer, server_process
 from voiceagent.config import Settings
 from voiceagent.gateway.security import check_client, twilio_refusal, twilio_signature
 

@@ -16,7 +16,7 @@ import pytest
 
 from engine.generate import Engine
 from engine.load import load_engine
-from tests.servers import free_port, wait_until_healthy
+from tests.support.servers import free_port, wait_until_healthy
 from voiceagent.config import Settings
 from voiceagent.llm import LLM, LLMError, LocalLLM, RemoteLLM, ReplyBlock, ReplyOptions, connect_llm
 

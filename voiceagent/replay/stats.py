@@ -1,12 +1,13 @@
 """Statistics of a run: order statistics of a stage over turns, and speculative-decoding figures.
 
 Percentiles are numpy's default (linear interpolation between the closest ranks), rounded to the
-nanosecond, the trace's own resolution.
+nanosecond, the trace's own resolution. `percentile` is the voiceagent wing's one percentile: the
+benchmarks (`voiceagent bench`, bench/) and the tests' fuzzing use it too, through `latency_summary`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +36,31 @@ class Stats:
         }
 
 
-def percentiles(values: Iterable[float]) -> Stats:
-    """n, median, 95th percentile, max and mean of `values`. The percentiles are numpy's default (linear
-    interpolation between the closest ranks: p95 of [100, 200, 300, 400, 1000] is 400 + 0.8 * 600 = 880).
-    Every figure is rounded to the nanosecond, the trace's resolution (numpy's 879.9999999999999 is 880)."""
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The `q`-th percentile (0 to 100) of `values`, numpy's default: linear interpolation between the
+    closest ranks (p95 of [100, 200, 300, 400, 1000] is 400 + 0.8 * 600 = 880); None when there are none."""
     data = np.asarray(list(values), dtype=np.float64)
-    if data.size == 0:
+    return float(np.percentile(data, q)) if data.size else None
+
+
+def percentiles(values: Iterable[float]) -> Stats:
+    """n, median, 95th percentile, max and mean of `values`, each rounded to the nanosecond, the trace's
+    resolution (numpy's 879.9999999999999 is 880)."""
+    data = list(values)
+    if not data:
         return Stats(0)
-    p50, p95 = np.percentile(data, [50.0, 95.0])
-    figures = (float(p50), float(p95), float(data.max()), float(data.mean()))
-    return Stats(int(data.size), *(round(value, NS_DIGITS) for value in figures))
+    figures = (percentile(data, 50.0), percentile(data, 95.0), float(max(data)), float(np.mean(data)))
+    return Stats(len(data), *(rounded(value, NS_DIGITS) for value in figures))
+
+
+def latency_summary(values: Sequence[float]) -> dict[str, float | int | None]:
+    """p50, p95 and max of latencies in ms, rounded to 0.1 ms, and their count: the benchmarks' figures."""
+    return {
+        "p50": rounded(percentile(values, 50.0), 1),
+        "p95": rounded(percentile(values, 95.0), 1),
+        "max": rounded(float(max(values)), 1) if values else None,
+        "n": len(values),
+    }
 
 
 @dataclass
