@@ -6,7 +6,7 @@ Loads the default pipeline once (`Pipeline.load(Settings())`, ~60 s, ~7 GB), ser
 and for each level N runs N `/ws` clients at once. Each client speaks `--turns` questions (espeak-ng, from
 bench/voice_questions.txt) at real pace, sends silence like an open microphone while the agent answers, and
 waits for the turn's `turn.metrics`; clients start 0.7 s apart so their turns are not in lockstep. The one
-engine is batch-1: conversations queue for it block by block (FIFO, `voiceagent.llm.FairLock`).
+engine is batch-1: conversations queue for it block by block (FIFO, `engine.fair_lock.FairLock`).
 
 Progress goes to stderr; the LAST line on stdout is one JSON object: per level the voice-to-voice
 p50/p95/max (ms, from `turn.metrics`), the outcomes, and the largest N whose p95 stayed under 2 s.

@@ -38,7 +38,6 @@ from tests.support.gateway import (
 )
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
-from voiceagent.llm import engine_lock
 
 CHECK_EVERY = 100
 
@@ -70,7 +69,7 @@ async def run(drops: int, concurrency: int, warm_up: int, seed: int, trace_dir: 
                 f"malloc_trim {100 * leaks['raw_rss_growth']:+.2f}%), leaked tasks {len(leaks['tasks'])} "
                 f"threads {len(leaks['threads'])}, live sessions {len(hub.live)}")  # fmt: skip
         elapsed = time.perf_counter() - started
-        lock = engine_lock(pipeline.engine)
+        lock = pipeline.engine.lock
         final = now.leaks_since(baseline)
         turn = await one_full_turn(host)
     return {

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from engine.adaptive import DraftLength, SpeculationStats
 from engine.detokenize import TextStream, Tokenizer
+from engine.fair_lock import FairLock
 from engine.graphs import StaticForwards
 from engine.metrics import BlockTiming, EngineMetrics, GenerationStats
 from engine.model import KVCache, LogitsMode, Transformer
@@ -401,6 +402,9 @@ class Engine:
         self.clock = clock
         self.max_seq_len = target.max_seq_len
         self.metrics = EngineMetrics()
+        # Held while any conversation makes a block (batch 1): the server's worker and every LocalLLM on
+        # this engine step under it, first come first served.
+        self.lock = FairLock()
         self._default: Conversation | None = None
 
     def new_conversation(self, max_seq_len: int | None = None) -> Conversation:

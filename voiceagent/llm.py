@@ -22,8 +22,6 @@ import asyncio
 import contextlib
 import json
 import threading
-import weakref
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -87,62 +85,6 @@ DEFAULT_OPTIONS = ReplyOptions()
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
 
 
-class FairLock:
-    """A lock granted in the order it was asked for (FIFO): a release hands it straight to the longest
-    waiter. A plain threading.Lock is not fair: a thread that releases and at once asks again (a
-    conversation stepping block after block) often wins it back before a waiting thread wakes up, so a
-    reply can take several blocks in a row (at worst all of them) while another conversation waits."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._waiters: deque[threading.Lock] = deque()  # each held until its turn comes
-        self._held = False
-
-    def acquire(self) -> None:
-        with self._guard:
-            if not self._held:
-                self._held = True
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            self._waiters.append(turn)
-        turn.acquire()  # released by the holder's release(): the lock is ours, still marked held
-
-    def release(self) -> None:
-        with self._guard:
-            if not self._held:
-                raise RuntimeError("release of an unheld FairLock")
-            if self._waiters:
-                self._waiters.popleft().release()
-            else:
-                self._held = False
-
-    def locked(self) -> bool:
-        return self._held
-
-    def waiting(self) -> int:
-        """Threads waiting for the lock now."""
-        return len(self._waiters)
-
-    def __enter__(self) -> FairLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
-
-
-_ENGINE_LOCKS: weakref.WeakKeyDictionary[Any, FairLock] = weakref.WeakKeyDictionary()
-_ENGINE_LOCKS_GUARD = threading.Lock()
-
-
-def engine_lock(engine: Engine) -> FairLock:
-    """The lock that serialises forward passes on `engine` across its conversations, granted first come
-    first served (so conversations take turns block by block)."""
-    with _ENGINE_LOCKS_GUARD:
-        return _ENGINE_LOCKS.setdefault(engine, FairLock())
-
-
 class LocalLLM:
     """The engine in this process, one conversation of it (see the module docstring)."""
 
@@ -155,7 +97,7 @@ class LocalLLM:
     ) -> None:
         self.engine, self.block_timeout_s = engine, block_timeout_s
         self._conversation = conversation or engine.new_conversation()
-        self._lock = engine_lock(engine)
+        self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
         self._cancel = threading.Event()
 
@@ -226,11 +168,7 @@ class LocalLLM:
     ) -> None:
         """Worker thread: steps the engine one block at a time under the engine's lock."""
         try:
-            while True:
-                with self._lock:
-                    block = next(blocks, None)
-                if block is None:
-                    return
+            for block in self._lock.each(blocks):
                 deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
                                    block.finish_reason))  # fmt: skip
         except Exception as error:  # handed to the event loop, where the stream raises LLMError

@@ -124,7 +124,8 @@ class EngineWorker:
             return
         previous, first = started, True
         try:
-            for block in self._conversation.generate(job.prompt_ids, job.params, cancel=job.cancel):
+            blocks = self._conversation.generate(job.prompt_ids, job.params, cancel=job.cancel)
+            for block in self.engine.lock.each(blocks):  # shared with any other user of this engine
                 now = self.clock()
                 self.metrics.block_committed(block, now - (job.arrived if first else previous), first)
                 previous, first = now, first and not block.token_ids

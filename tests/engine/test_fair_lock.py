@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
 import pytest
 
+from engine.fair_lock import FairLock
+from engine.sampling import SamplingParams
+from engine.server.metrics import ServerMetrics
+from engine.server.worker import EngineWorker, Job, JobEvent
 from tests.fakes import tiny_engine
-from voiceagent.llm import FairLock, LocalLLM, engine_lock
 
 
 def wait_for(condition: object, timeout_s: float = 5.0) -> None:
@@ -74,57 +76,25 @@ def test_release_of_an_unheld_lock_is_an_error() -> None:
         FairLock().release()
 
 
-def test_conversations_of_one_engine_share_one_fair_lock() -> None:
+def test_the_server_worker_makes_its_blocks_under_the_engines_lock() -> None:
+    """A job waits while another user of the engine (a LocalLLM in the same process) holds its lock."""
     engine = tiny_engine()
-    first, second = LocalLLM(engine), LocalLLM(engine)
-    assert isinstance(engine_lock(engine), FairLock)
-    assert first._lock is second._lock is engine_lock(engine)
+    worker = EngineWorker(engine, ServerMetrics("tiny", 4), max_waiting=2, clock=lambda: 0.0)
+    events: list[JobEvent] = []
+    done = threading.Event()
 
+    def deliver(event: JobEvent) -> None:
+        events.append(event)
+        if getattr(event, "finish_reason", None) is not None:
+            done.set()
 
-class RecordingConversation:
-    """An engine conversation that notes, under the engine lock, whose block is being made (and takes 10 ms
-    more a block, so two replies surely overlap)."""
-
-    def __init__(self, conversation: object, name: str, order: list[str]) -> None:
-        self._conversation, self.name, self.order = conversation, name, order
-
-    def __getattr__(self, attribute: str) -> object:
-        return getattr(self._conversation, attribute)
-
-    def generate(self, prompt_ids: object, params: object = None, **options: object) -> object:
-        blocks = self._conversation.generate(prompt_ids, params, **options)  # type: ignore[attr-defined]
-
-        def noted() -> object:
-            for block in blocks:
-                self.order.append(self.name)
-                time.sleep(0.01)
-                yield block
-
-        return noted()
-
-
-def test_two_replies_on_one_engine_take_turns_block_by_block() -> None:
-    from tests.gateway.drops import ChatTokenizer
-    from voiceagent.llm import ReplyOptions
-
-    engine = tiny_engine()
-    engine.tokenizer = ChatTokenizer()
-    order: list[str] = []
-    llms = {
-        name: LocalLLM(engine, conversation=RecordingConversation(engine.new_conversation(), name, order))
-        for name in "AB"
-    }
-
-    async def reply(name: str) -> int:
-        history = [{"role": "user", "content": f"question {name}"}]
-        return len([block async for block in llms[name].stream(history, ReplyOptions(max_tokens=40))])
-
-    async def both() -> list[int]:
-        return list(await asyncio.gather(reply("A"), reply("B")))
-
-    counts = asyncio.run(both())
-    assert counts == [order.count("A"), order.count("B")] and min(counts) >= 5
-    # while both replies have blocks left, they alternate: A B A B ...
-    last = {name: len(order) - 1 - order[::-1].index(name) for name in "AB"}
-    both_running = order[max(order.index("B") - 1, 0) : min(last.values()) + 1]
-    assert all(x != y for x, y in zip(both_running, both_running[1:], strict=False)), order
+    worker.start()
+    try:
+        with engine.lock:
+            worker.submit(Job([1, 2, 3], SamplingParams(max_new_tokens=6), deliver, arrived=0.0))
+            wait_for(lambda: engine.lock.waiting() == 1)
+            assert events == []
+        assert done.wait(10) and len(events) >= 1
+        assert not engine.lock.locked()
+    finally:
+        worker.stop()

@@ -35,7 +35,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.fakes import FakeEndpointer, FakeRecognizer, FakeSynthesizer, WordChunker, tiny_engine
 from voiceagent.audio import mulaw_encode
-from voiceagent.llm import LocalLLM, ReplyOptions, engine_lock
+from voiceagent.llm import LocalLLM, ReplyOptions
 from voiceagent.session import Session, SessionOptions
 
 TRANSPORTS = ("ws", "twilio")
@@ -337,7 +337,7 @@ async def settle(
 ) -> Resources:
     """Waits until no session is live, the engine is idle and no LLM thread is left (and, with a baseline,
     until no task outlives it: sessions finish closing a little after their sockets), then takes stock."""
-    lock = engine_lock(engine)
+    lock = engine.lock
     deadline = time.monotonic() + timeout_s
     while True:
         llm_threads = [t for t in threading.enumerate() if t.name == "voiceagent-llm"]

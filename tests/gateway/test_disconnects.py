@@ -22,7 +22,6 @@ from tests.gateway.drops import (
 from tests.gateway.helpers import running
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
-from voiceagent.llm import engine_lock
 
 
 def test_random_abrupt_disconnects_leak_nothing_and_the_engine_serves_on(tmp_path: Path) -> None:
@@ -41,7 +40,7 @@ def test_random_abrupt_disconnects_leak_nothing_and_the_engine_serves_on(tmp_pat
             assert leaks["extra_fds"] <= 0, leaks
             assert leaks["rss_growth"] < 0.05, leaks
             assert not hub.live and gauges(hub) == {t: 0.0 for t in TRANSPORTS}
-            lock = engine_lock(pipeline.engine)
+            lock = pipeline.engine.lock
             assert not lock.locked() and lock.waiting() == 0
             # drops landed in every phase, on both transports
             counts = tally(results)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import connect
 
+from engine.fair_lock import FairLock
 from tests.fakes import FakePipeline
 from tests.gateway.helpers import Client, client, fake_app, quiet, running, tone
 from tests.gateway.test_webrtc import build
@@ -124,6 +125,7 @@ class StallingConversation:
 
 class StalledEngine:
     tokenizer = FuzzTokenizer(96)
+    lock = FairLock()
 
 
 def test_a_stalled_local_engine_times_out_is_told_to_cancel_and_the_next_turn_works() -> None:

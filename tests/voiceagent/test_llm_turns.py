@@ -1,0 +1,66 @@
+"""LocalLLMs on one engine take turns block by block under the engine's (first come, first served) lock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine.fair_lock import FairLock
+from tests.fakes import tiny_engine
+from voiceagent.llm import LocalLLM
+
+
+def test_conversations_of_one_engine_share_one_fair_lock() -> None:
+    engine = tiny_engine()
+    first, second = LocalLLM(engine), LocalLLM(engine)
+    assert isinstance(engine.lock, FairLock)
+    assert first._lock is second._lock is engine.lock
+
+
+class RecordingConversation:
+    """An engine conversation that notes, under the engine lock, whose block is being made (and takes 10 ms
+    more a block, so two replies surely overlap)."""
+
+    def __init__(self, conversation: object, name: str, order: list[str]) -> None:
+        self._conversation, self.name, self.order = conversation, name, order
+
+    def __getattr__(self, attribute: str) -> object:
+        return getattr(self._conversation, attribute)
+
+    def generate(self, prompt_ids: object, params: object = None, **options: object) -> object:
+        blocks = self._conversation.generate(prompt_ids, params, **options)  # type: ignore[attr-defined]
+
+        def noted() -> object:
+            for block in blocks:
+                self.order.append(self.name)
+                time.sleep(0.01)
+                yield block
+
+        return noted()
+
+
+def test_two_replies_on_one_engine_take_turns_block_by_block() -> None:
+    from tests.gateway.drops import ChatTokenizer
+    from voiceagent.llm import ReplyOptions
+
+    engine = tiny_engine()
+    engine.tokenizer = ChatTokenizer()
+    order: list[str] = []
+    llms = {
+        name: LocalLLM(engine, conversation=RecordingConversation(engine.new_conversation(), name, order))
+        for name in "AB"
+    }
+
+    async def reply(name: str) -> int:
+        history = [{"role": "user", "content": f"question {name}"}]
+        return len([block async for block in llms[name].stream(history, ReplyOptions(max_tokens=40))])
+
+    async def both() -> list[int]:
+        return list(await asyncio.gather(reply("A"), reply("B")))
+
+    counts = asyncio.run(both())
+    assert counts == [order.count("A"), order.count("B")] and min(counts) >= 5
+    # while both replies have blocks left, they alternate: A B A B ...
+    last = {name: len(order) - 1 - order[::-1].index(name) for name in "AB"}
+    both_running = order[max(order.index("B") - 1, 0) : min(last.values()) + 1]
+    assert all(x != y for x, y in zip(both_running, both_running[1:], strict=False)), order
