@@ -13,7 +13,8 @@ out and how a barge-in knows what the user heard.
 - The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
   phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
-  its queued output events are dropped, and the history keeps only the words already played.
+  its queued reply events (`InterruptibleEvent`s) are dropped, and the history keeps only the words
+  already played.
 - A failing stage ends the turn with a `TurnError`; the session keeps listening. So does a turn that runs
   over `max_turn_s` (code "turn_too_long"): an utterance that long is cut off there and not answered (the
   session listens again once the user pauses), and a reply still being made after that long is stopped.
@@ -211,8 +212,8 @@ class Session:
             self._idle.set()
 
     async def close(self) -> None:
-        """Cancels the session's work and ends `events()`. A cancellation of the caller that arrives
-        meanwhile is passed on once the session is closed, not swallowed with its tasks' own."""
+        """Cancels the session's work and ends `events()`; calling it again does no harm. A cancellation
+        of the caller that arrives meanwhile is passed on once the session is closed, not swallowed."""
         current = asyncio.current_task()
         pending = current.cancelling() if current is not None else 0
         self._drop_preemption("session closed")
