@@ -212,7 +212,7 @@ def test_a_webrtc_session_ends_at_its_length_limit_with_an_error_event() -> None
     async def scenario() -> None:
         app = build(max_session_s=0.2)
         peer = WebRtcPeer(app.state.hub, app.state.hub.clock, 65536)
-        await asyncio.wait_for(peer._length_limit(), 2)
+        await asyncio.wait_for(peer._until_ended(), 2)
         assert peer._ended.is_set()  # the peer shuts down (run() returns from _serve)
         assert [m["code"] for m in peer._unsent] == ["session_too_long"]  # sent once the channel opens
         assert "0.2 s limit" in peer._unsent[0]["message"]

@@ -24,9 +24,9 @@ def speechlike(seconds: float, rate: int) -> np.ndarray:
 def test_every_phone_chunk_gives_its_frame_at_once() -> None:
     inbound = InboundAudio(8000)
     audio = speechlike(1.0, 8000)
-    counts = [len(inbound.push_mulaw(mulaw_encode(audio[i : i + 160]))) for i in range(0, len(audio), 160)]
+    counts = [len(inbound.push_mulaw(mulaw_encode(audio[i : i + 160]), 0)) for i in range(0, len(audio), 160)]
     assert counts == [1] * 50  # one 20 ms frame per 20 ms message, from the first one on
-    frame = inbound.push_mulaw(mulaw_encode(audio[:160]))[0]
+    frame = inbound.push_mulaw(mulaw_encode(audio[:160]), 0)[0].samples
     assert frame.shape == (320,) and frame.dtype == np.int16
 
 
@@ -43,6 +43,6 @@ def test_the_upsampler_matches_soxr_hq_and_keeps_its_state_across_chunks() -> No
 
 def test_other_rates_still_resample_with_soxr() -> None:
     inbound = InboundAudio(48000)
-    frames = [f for i in range(50) for f in inbound.push(np.zeros(960, dtype=np.int16))]
+    frames = [f.samples for i in range(50) for f in inbound.push(np.zeros(960, dtype=np.int16), 0)]
     assert 45 <= len(frames) <= 50 and all(f.shape == (320,) for f in frames)
     assert len(mulaw_decode(b"\xff" * 160)) == 160

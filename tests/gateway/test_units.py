@@ -136,21 +136,17 @@ def test_outbound_frames_audio_and_reports_failed_and_interrupted_turns() -> Non
         clock = FakeClock(start_ns=0)
         live, messages, audio, flushed = StubLive(), [], [], []
 
-        async def send_message(message: dict[str, object]) -> None:
-            messages.append(message)
+        class RecordingSink:
+            async def send_message(self, message: dict[str, object]) -> None:
+                messages.append(message)
 
-        async def send_audio(chunk: OutChunk) -> None:
-            audio.append(chunk)
+            async def send_audio(self, chunk: OutChunk) -> None:
+                audio.append(chunk)
 
-        outbound = Outbound(
-            live,  # type: ignore[arg-type]
-            clock,
-            8000,
-            send_message,
-            send_audio,
-            lead_ms=100,
-            flush_audio=lambda: flushed.append(True),
-        )
+            async def flush_audio(self, turn: int) -> None:
+                flushed.append(True)
+
+        outbound = Outbound(live, clock, 8000, RecordingSink(), lead_ms=100)  # type: ignore[arg-type]
         running = asyncio.create_task(outbound.playout.run())
         await outbound.dispatch(TurnError(0, 1, "llm", "boom"))
         await until(lambda: len(messages) == 2)
@@ -177,14 +173,22 @@ def test_outbound_frames_audio_and_reports_failed_and_interrupted_turns() -> Non
 
 def test_inbound_audio_frames_any_rate() -> None:
     inbound = InboundAudio(48000)
-    frames = inbound.push_pcm16(np.ones(48000, dtype="<i2").tobytes())  # 1 s
-    frames += inbound.push(np.zeros(4800, dtype=np.int16))  # and 100 ms more flush the filter
+    frames = [f.samples for f in inbound.push_pcm16(np.ones(48000, dtype="<i2").tobytes(), 0)]  # 1 s
+    frames += [f.samples for f in inbound.push(np.zeros(4800, dtype=np.int16), 0)]  # 100 ms more flush it
     assert 50 <= len(frames) <= 55 and all(f.shape == (320,) and f.dtype == np.int16 for f in frames)
     with pytest.raises(ValueError, match="whole 2-byte samples"):
-        inbound.push_pcm16(b"\x00\x01\x02")
+        inbound.push_pcm16(b"\x00\x01\x02", 0)
     with pytest.raises(ValueError, match="sample_rate must be one of"):
         InboundAudio(12345)
     assert frame_starts(1_000_000_000, 2) == [960_000_000, 980_000_000]
+
+
+def test_inbound_frames_are_stamped_back_from_their_chunks_arrival() -> None:
+    inbound = InboundAudio(16000)
+    frames = inbound.push_pcm16(np.ones(800, dtype="<i2").tobytes(), 1_000_000_000)  # 2.5 frames
+    assert [f.start_ns for f in frames] == frame_starts(1_000_000_000, 2)
+    later = inbound.push_pcm16(np.ones(160, dtype="<i2").tobytes(), 1_010_000_000)  # completes the third
+    assert [f.start_ns for f in later] == [990_000_000]
 
 
 def request(headers: dict[str, str], query: str = "", path: str = "/ws") -> Request:

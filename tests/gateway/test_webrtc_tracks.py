@@ -28,7 +28,9 @@ def _stereo_48k_frames(seconds: float, hz: float = 440.0) -> list[av.AudioFrame]
 
 def test_browser_audio_becomes_16k_mono_20ms_frames_with_the_same_tone() -> None:
     inbound = InboundAudio(48000)
-    frames = [f for frame in _stereo_48k_frames(1.0) for f in inbound.push(frame_to_mono_pcm16(frame))]
+    frames = [
+        f.samples for frame in _stereo_48k_frames(1.0) for f in inbound.push(frame_to_mono_pcm16(frame), 0)
+    ]
     assert all(f.shape == (320,) and f.dtype == np.int16 for f in frames)
     assert 45 <= len(frames) <= 50  # the resampler holds back a few ms
     audio = np.concatenate(frames[5:])

@@ -8,15 +8,16 @@
               `SessionLimitError` at once when full
 - security.py `check_client(connection, settings)`: API key + Origin for any browser-facing endpoint;
               Twilio signatures
-- ws.py, ws_protocol.py           the /ws WebSocket API
+- ws.py, ws_protocol.py           the /ws WebSocket API (ws_protocol.py builds every /ws message)
 - twilio.py, twilio_protocol.py   Twilio Media Streams
-- outbound.py `Outbound`: a session's events as the /ws JSON events and paced audio, for /ws and WebRTC
-              (the transport gives the message sender and the audio sink)
-- playout.py  real-time pacing of the agent's audio with a playback model; inbound.py: any-rate input
-              audio to the session's 20 ms frames; channel.py: one WebSocket; codes.py: close codes; body.py:
-              HTTP request bodies with a size cap and a deadline (413, 408)
-- serve.py    loads and warms the pipeline, runs uvicorn; mounts `voiceagent.gateway.webrtc.routes()`
-              when that module exists (the WebRTC signalling)
+- webrtc.py, webrtc_peer.py, webrtc_tracks.py   WebRTC for the browser (signalling, one peer, audio tracks)
+- outbound.py `Outbound`: a session's events as paced audio and the /ws JSON events, for every transport
+              (each gives an `OutboundSink`: `WsSink`, `TrackSink` for WebRTC, `TwilioSink` with marks)
+- inbound.py  `InboundAudio`: any-rate input audio to the session's 20 ms frames stamped with their
+              arrival, which every transport hands to the session with `push_frames`
+- playout.py  real-time pacing of the agent's audio with a playback model; channel.py: one WebSocket;
+              codes.py: close codes; body.py: HTTP request bodies with a size cap and a deadline (413, 408)
+- serve.py    loads and warms the pipeline, runs uvicorn with `webrtc.routes()` (the WebRTC signalling)
 
 A new transport opens sessions through the hub, checks clients with `check_client`, and closes with the
 codes in codes.py; docs/protocol.md documents the wire formats.

@@ -1,46 +1,88 @@
-"""A session's events out to a client that speaks the /ws events (docs/protocol.md): `/ws` and WebRTC.
+"""A session's events out to one client, on every transport (/ws, WebRTC, Twilio).
 
-`Outbound` turns the session's events into JSON messages and its voice into paced audio (a `Playout`),
-and frames the audio with `agent.audio.start` / `agent.audio.end`, ending each turn with `turn.metrics`.
-The transport supplies how a message is sent (`send_message`), where an audio chunk goes (`send_audio`:
-binary on /ws, the outbound track on WebRTC), and, optionally, what drops audio already handed over at
-a barge-in (`flush_audio`) and what reports played samples (`on_played`: the playout's clock on /ws; the
-track reports them itself on WebRTC). Twilio's marks and `clear` differ enough to have their own.
+`Outbound` turns the session's voice into paced audio (a `Playout`) and its events into the /ws JSON
+events (docs/protocol.md, built in ws_protocol.py), frames the audio with `agent.audio.start` /
+`agent.audio.end`, ends each turn once for the hub (`finish_turn`, sent as `turn.metrics`), and at a
+barge-in drops the queued audio and says `interrupted`. The transport gives an `OutboundSink`: where an
+audio chunk goes (binary PCM16 on /ws, the outbound track on WebRTC, `media` and a `mark` on Twilio),
+what a barge-in drops that was already handed over (the track's queue on WebRTC, Twilio's buffer with
+`clear`; nothing on /ws, whose client flushes at `interrupted`), and where the JSON events go (the socket
+on /ws, the data channel on WebRTC; Twilio has no such channel and drops them). Played samples come from
+the playout's clock on /ws (`on_played`), from the track on WebRTC and from returned marks on Twilio.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from voiceagent.clock import Clock
 from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway.hub import LiveSession
 from voiceagent.gateway.playout import OutChunk, Playout
-from voiceagent.gateway.ws_protocol import error_message, event_message
+from voiceagent.gateway.ws_protocol import (
+    audio_end_message,
+    audio_start_message,
+    event_message,
+    turn_metrics_message,
+)
+
+
+class OutboundSink(Protocol):
+    """One transport's way to its client (see the module docstring)."""
+
+    async def send_message(self, message: dict[str, Any]) -> None:
+        """A /ws JSON event."""
+
+    async def send_audio(self, chunk: OutChunk) -> None:
+        """A chunk of the agent's voice, at the time the playout allows."""
+
+    async def flush_audio(self, turn: int) -> None:
+        """A barge-in on `turn`: drop what was handed over and not yet played."""
 
 
 class Outbound:
-    """Session events -> JSON events and paced audio for one client (see the module docstring)."""
+    """Session events -> paced audio and JSON events through one transport's sink."""
 
     def __init__(
         self,
         live: LiveSession,
         clock: Clock,
         rate: int,
-        send_message: Callable[[dict[str, Any]], Awaitable[None]],
-        send_audio: Callable[[OutChunk], Awaitable[None]],
+        sink: OutboundSink,
         *,
         lead_ms: int,
+        chunk_ms: int = 20,
         on_played: Callable[[int, int], None] | None = None,
-        flush_audio: Callable[[], None] | None = None,
     ) -> None:
-        self.live, self.rate = live, rate
-        self.send_message, self.send_audio, self.flush_audio = send_message, send_audio, flush_audio
+        self.live, self.rate, self.sink = live, rate, sink
+        send, turn_sent = self._send_chunk, self._turn_sent
         self.playout = Playout(
-            clock, rate, self._send_chunk, self._turn_sent, lead_ms=lead_ms, on_played=on_played
+            clock, rate, send, turn_sent, chunk_ms=chunk_ms, lead_ms=lead_ms, on_played=on_played
         )
         self._audio_open: set[int] = set()  # turns between agent.audio.start and agent.audio.end
+
+    @contextlib.asynccontextmanager
+    async def sending(self, on_failure: Callable[[BaseException], None]) -> AsyncIterator[None]:
+        """Runs the event pump and the playout while the block runs; `on_failure(error)` is called when
+        either fails (the transport then ends its connection), and the failure is raised at the end."""
+
+        def done(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                on_failure(error)
+
+        tasks = [asyncio.create_task(self.pump()), asyncio.create_task(self.playout.run())]
+        for task in tasks:
+            task.add_done_callback(done)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def pump(self) -> None:
         async for event in self.live.events():
@@ -53,40 +95,39 @@ class Outbound:
         elif isinstance(event, TurnEnded):
             self.playout.end_turn(turn, event.reason)
         elif isinstance(event, TurnError):
-            await self.send_message(error_message(event.code, event.message, stage=event.stage, turn=turn))
+            await self._send_event(event)
             self.playout.end_turn(turn, "error")
         elif isinstance(event, Interrupted):
             self.playout.clear()
-            if self.flush_audio is not None:
-                self.flush_audio()
+            await self.sink.flush_audio(turn)
             await self._audio_end(turn, interrupted=True)
-            await self.send_message({"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text})
-            await self._metrics(turn, "interrupted")
-        elif (message := event_message(event)) is not None:
-            await self.send_message(message)
+            await self._send_event(event)
+            await self._finish_turn(turn, "interrupted")
+        else:
+            await self._send_event(event)
+
+    async def _send_event(self, event: Event) -> None:
+        if (message := event_message(event)) is not None:
+            await self.sink.send_message(message)
 
     async def _send_chunk(self, chunk: OutChunk) -> None:
         if chunk.first_of_turn:
             self._audio_open.add(chunk.turn)
-            await self.send_message(
-                {"type": "agent.audio.start", "turn": chunk.turn, "sample_rate": self.rate}
-            )
+            await self.sink.send_message(audio_start_message(chunk.turn, self.rate))
         if chunk.first_of_source:
             self.live.session.audio_sent(chunk.source)
-        await self.send_audio(chunk)
+        await self.sink.send_audio(chunk)
 
     async def _turn_sent(self, turn: int, outcome: str) -> None:
         await self._audio_end(turn)
-        await self._metrics(turn, outcome)
+        await self._finish_turn(turn, outcome)
 
     async def _audio_end(self, turn: int, interrupted: bool = False) -> None:
         if turn in self._audio_open:
             self._audio_open.discard(turn)
             samples = self.playout.sent_samples(turn)
-            await self.send_message(
-                {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
-            )
+            await self.sink.send_message(audio_end_message(turn, samples, interrupted))
 
-    async def _metrics(self, turn: int, outcome: str) -> None:
-        if (payload := self.live.finish_turn(turn, outcome)) is not None:
-            await self.send_message({"type": "turn.metrics", **payload})
+    async def _finish_turn(self, turn: int, outcome: str) -> None:
+        if (metrics := self.live.finish_turn(turn, outcome)) is not None:
+            await self.sink.send_message(turn_metrics_message(metrics))

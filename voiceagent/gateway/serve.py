@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import re
 import socket
@@ -16,21 +15,10 @@ from starlette.routing import BaseRoute
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from voiceagent.config import Settings
+from voiceagent.gateway import webrtc
 from voiceagent.gateway.app import build_app
 
 Log = Callable[[str], None]
-
-
-def webrtc_routes() -> list[BaseRoute]:
-    """The WebRTC signalling routes, when voiceagent/gateway/webrtc.py provides `routes()`."""
-    try:
-        webrtc = importlib.import_module("voiceagent.gateway.webrtc")
-    except ModuleNotFoundError as error:
-        if error.name == "voiceagent.gateway.webrtc":
-            return []
-        raise
-    routes: Callable[[], Sequence[BaseRoute]] = webrtc.routes
-    return list(routes())
 
 
 class RedactTokens(logging.Filter):
@@ -142,4 +130,4 @@ async def _serve(settings: Settings, host: str, port: int, log: Log, routes: Seq
 def serve(settings: Settings, host: str | None, port: int | None, log: Log) -> None:
     """Blocks until the server is stopped (Ctrl-C)."""
     asyncio.run(_serve(settings, host or settings.host, settings.port if port is None else port, log,
-                       webrtc_routes()))  # fmt: skip
+                       webrtc.routes()))  # fmt: skip

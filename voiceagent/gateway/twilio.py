@@ -14,8 +14,8 @@ no error message: a message out of order or malformed closes the stream with a c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from typing import Any
 from urllib.parse import parse_qsl
 
 from starlette.requests import Request
@@ -23,16 +23,17 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.websockets import WebSocket
 
 from voiceagent.audio import mulaw_encode
-from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway import twilio_protocol as tp
 from voiceagent.gateway.body import BodyError, read_body
 from voiceagent.gateway.channel import Channel, Idle
 from voiceagent.gateway.codes import Close
 from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
-from voiceagent.gateway.inbound import InboundAudio, frame_starts
-from voiceagent.gateway.playout import OutChunk, Playout
+from voiceagent.gateway.inbound import InboundAudio, push_frames
+from voiceagent.gateway.outbound import Outbound
+from voiceagent.gateway.playout import OutChunk
 from voiceagent.gateway.security import public_origin, twilio_refusal
-from voiceagent.session import SessionOptions
+from voiceagent.session import Session, SessionOptions
+from voiceagent.trace import IN_DTMF, IN_UNKNOWN, TWILIO_START
 
 log = logging.getLogger("voiceagent.gateway")
 CHUNK_MS = 100  # one media message and one mark per 100 ms of the agent's voice
@@ -109,7 +110,7 @@ class _Call:
         try:
             session = self.hub.open("twilio", options)
             async with session as live:
-                live.trace.write("twilio.start", 0, stream_sid=start.stream_sid, call_sid=start.call_sid)
+                live.trace.write(TWILIO_START, 0, stream_sid=start.stream_sid, call_sid=start.call_sid)
                 if not await self.hub.within_session_limit(self._serve(live, start.stream_sid)):
                     reason = f"the call reached its {self.hub.session_limit_s:g} s limit"
                     await self.channel.close(Close.TOO_LONG, reason)
@@ -118,82 +119,54 @@ class _Call:
 
     async def _serve(self, live: LiveSession, stream_sid: str) -> None:
         inbound = InboundAudio(tp.TWILIO_RATE)
-        outbound = _Outbound(self.channel, live, stream_sid)
-        tasks = [asyncio.create_task(outbound.pump()), asyncio.create_task(outbound.playout.run())]
-        for task in tasks:
-            task.add_done_callback(self._on_task_done)
-        try:
+        sink = TwilioSink(self.channel, live.session, stream_sid)
+        outbound = Outbound(
+            live, live.session.clock, tp.TWILIO_RATE, sink, chunk_ms=CHUNK_MS, lead_ms=LEAD_MS
+        )
+        async with outbound.sending(self._sending_failed):
             while (message := await self._receive(live)) is not None:
                 if isinstance(message, tp.Media):
                     if message.track in ("inbound", "inbound_track"):
-                        frames = inbound.push_mulaw(message.payload)
-                        now = self.hub.clock.now_ns()
-                        for frame, t_ns in zip(frames, frame_starts(now, len(frames)), strict=True):
-                            await live.session.push_audio(frame, t_ns)
+                        frames = inbound.push_mulaw(message.payload, self.hub.clock.now_ns())
+                        await push_frames(live.session, frames)
                 elif isinstance(message, tp.Mark):
-                    outbound.mark_returned(message.name)
+                    sink.mark_returned(message.name)
                 elif isinstance(message, tp.Dtmf):
-                    live.trace.write("in.dtmf", live.session.turn, digit=message.digit)
+                    live.trace.write(IN_DTMF, live.session.turn, digit=message.digit)
                 elif isinstance(message, tp.Stop):
                     return
                 elif isinstance(message, tp.Start):
                     raise tp.TwilioProtocolError(Close.POLICY, "a second start on one stream")
                 elif isinstance(message, tp.Unknown):
-                    live.trace.write("in.unknown", live.session.turn, twilio_event=message.event)
-        finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    live.trace.write(IN_UNKNOWN, live.session.turn, twilio_event=message.event)
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("a /twilio sending task failed", exc_info=error)
-            asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the stream ended"))
+    def _sending_failed(self, error: BaseException) -> None:
+        log.error("a /twilio sending task failed", exc_info=error)
+        asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the stream ended"))
 
 
-class _Outbound:
-    """Session events -> Twilio media, marks and clear; returned marks -> the session's played position."""
+class TwilioSink:
+    """The agent's voice as Twilio `media` (mu-law) with a `mark` named `TURN:SAMPLES` after each chunk;
+    a barge-in sends `clear`; returned marks -> the session's played position. Twilio takes none of the
+    /ws events."""
 
-    def __init__(self, channel: Channel, live: LiveSession, stream_sid: str) -> None:
-        self.channel, self.live, self.stream_sid = channel, live, stream_sid
-        self.playout = Playout(
-            live.session.clock,
-            tp.TWILIO_RATE,
-            self._send,
-            self._turn_sent,
-            chunk_ms=CHUNK_MS,
-            lead_ms=LEAD_MS,
-        )
+    def __init__(self, channel: Channel, session: Session, stream_sid: str) -> None:
+        self.channel, self.session, self.stream_sid = channel, session, stream_sid
+        self._sent: dict[int, int] = {}  # turn -> samples sent
         self._cleared: set[int] = set()
 
-    async def pump(self) -> None:
-        async for event in self.live.events():
-            await self._dispatch(event)
+    async def send_message(self, message: dict[str, Any]) -> None:
+        pass
 
-    async def _dispatch(self, event: Event) -> None:
-        turn = event.turn_id
-        if isinstance(event, SpeechAudio):
-            self.playout.push(event)
-        elif isinstance(event, TurnEnded):
-            self.playout.end_turn(turn, event.reason)
-        elif isinstance(event, TurnError):
-            self.playout.end_turn(turn, "error")
-        elif isinstance(event, Interrupted):
-            self.playout.clear()
-            if self.playout.sent_samples(turn) > 0:
-                self._cleared.add(turn)
-                await self.channel.send_json(tp.clear_message(self.stream_sid))
-            self.live.finish_turn(turn, "interrupted")
-
-    async def _send(self, chunk: OutChunk) -> None:
-        if chunk.first_of_source:
-            self.live.session.audio_sent(chunk.source)
+    async def send_audio(self, chunk: OutChunk) -> None:
+        self._sent[chunk.turn] = chunk.end_sample
         await self.channel.send_json(tp.media_message(self.stream_sid, mulaw_encode(chunk.samples)))
         await self.channel.send_json(tp.mark_message(self.stream_sid, f"{chunk.turn}:{chunk.end_sample}"))
 
-    async def _turn_sent(self, turn: int, outcome: str) -> None:
-        self.live.finish_turn(turn, outcome)
+    async def flush_audio(self, turn: int) -> None:
+        if self._sent.get(turn, 0) > 0:
+            self._cleared.add(turn)
+            await self.channel.send_json(tp.clear_message(self.stream_sid))
 
     def mark_returned(self, name: str) -> None:
         """Twilio played everything before this mark (or flushed it, after a clear: ignored)."""
@@ -201,6 +174,6 @@ class _Outbound:
         if not (turn_text.isdigit() and samples_text.isdigit()) or len(name) > 24:
             return  # not one of ours (and never an int() of thousands of digits)
         turn = int(turn_text)
-        sent = self.playout.sent_samples(turn)
+        sent = self._sent.get(turn, 0)
         if sent and turn not in self._cleared:  # at most what was sent: a mark cannot claim more
-            self.live.session.audio_played(turn, min(int(samples_text), sent))
+            self.session.audio_played(turn, min(int(samples_text), sent))

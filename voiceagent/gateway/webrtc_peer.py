@@ -1,9 +1,12 @@
 """One browser over WebRTC: its peer connection, its voice session, and the events between them.
 
-The browser's microphone arrives as an Opus track; its frames go to the session as 20 ms PCM16 16 kHz.
-The agent's voice leaves as an Opus track fed by a `Playout` (at most `lead_ms` ahead of the track, so a
-barge-in flushes little) into an `OutboundAudioTrack`, which is the output clock and reports played
-samples to the session. Events travel as JSON on the data channel the browser opened ("events"), the
+The browser's microphone arrives as an Opus track; its frames go to the session as 20 ms PCM16 16 kHz,
+stamped with their arrival as on /ws and Twilio. The agent's voice leaves as an Opus track: `Outbound`'s
+`Playout` hands it out in real time, at most `LEAD_MS` ahead, to an `OutboundAudioTrack`, which is the
+output clock and reports played samples to the session. The track keeps a queue of its own because
+aiortc pulls a frame whenever it can encode one: the track must pace those pulls (and fill them with
+silence) on its own clock, and its queue holds the playout's lead between the two clocks; it is flushed
+at a barge-in. Events travel as JSON on the data channel the browser opened ("events"), the
 same messages as on /ws (docs/protocol.md); the browser sends `input.text` and `session.end` there too.
 
 The peer ends when the browser says `session.end`, closes the channel or the connection, when ICE has
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import av
@@ -26,17 +30,18 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from voiceagent.clock import Clock
 from voiceagent.gateway.hub import LiveSession, SessionHub
-from voiceagent.gateway.inbound import InboundAudio
+from voiceagent.gateway.inbound import InboundAudio, push_frames
 from voiceagent.gateway.outbound import Outbound
 from voiceagent.gateway.playout import OutChunk
 from voiceagent.gateway.webrtc_tracks import OutboundAudioTrack, frame_to_mono_pcm16
 from voiceagent.gateway.ws_protocol import (
-    PROTOCOL_VERSION,
     InputText,
     ProtocolError,
     SessionEnd,
     error_message,
     parse_client_message,
+    session_started_message,
+    session_too_long_message,
 )
 from voiceagent.session import SessionOptions
 
@@ -107,32 +112,26 @@ class WebRtcPeer:
         return self.pc.localDescription
 
     async def _serve(self, live: LiveSession) -> None:
-        outbound = Outbound(
-            live,
-            self.clock,
-            OPUS_RATE,
-            self._send_message,
-            self._send_audio,
-            lead_ms=LEAD_MS,
-            flush_audio=self.track.flush,
-        )
+        outbound = Outbound(live, self.clock, OPUS_RATE, TrackSink(self.track, self._send), lead_ms=LEAD_MS)
         self._start(outbound.pump())
         self._start(outbound.playout.run())
         self._start(self._connect_timeout())
-        self._start(self._length_limit())
-        await self._ended.wait()
+        await self._until_ended()
+
+    async def _until_ended(self) -> None:
+        """Until the peer ends, or its session reaches VOICEAGENT_MAX_SESSION_S (the browser is told)."""
+
+        async def ended() -> None:
+            await self._ended.wait()
+
+        if not await self.hub.within_session_limit(ended()):
+            self._send(session_too_long_message(self.hub.session_limit_s))
+            self.end()
 
     async def _connect_timeout(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)
         if self.pc.connectionState != "connected":
             self.end()
-
-    async def _length_limit(self) -> None:
-        limit = self.hub.session_limit_s
-        await asyncio.sleep(limit)
-        message = f"the session reached its {limit:g} s limit (VOICEAGENT_MAX_SESSION_S)"
-        self._send(error_message("session_too_long", message))
-        self.end()
 
     def _on_connection_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
@@ -148,13 +147,7 @@ class WebRtcPeer:
         self._channel = channel
         channel.on("message", self._on_message)
         channel.on("close", self.end)
-        started = {
-            "type": "session.started",
-            "version": PROTOCOL_VERSION,
-            "session_id": self.session_id,
-            "transport": "webrtc",
-            "audio": {"encoding": "opus", "sample_rate": OPUS_RATE},
-        }
+        started = session_started_message(self.session_id, "opus", OPUS_RATE, transport="webrtc")
         pending, self._unsent = self._unsent, []
         for message in [started, *pending]:
             self._send(message)
@@ -201,8 +194,8 @@ class WebRtcPeer:
                 continue
             if inbound is None or inbound.rate != frame.sample_rate:
                 inbound = InboundAudio(frame.sample_rate)
-            for pcm in inbound.push(frame_to_mono_pcm16(frame)):
-                await self._live.session.push_audio(pcm)
+            frames = inbound.push(frame_to_mono_pcm16(frame), self.clock.now_ns())
+            await push_frames(self._live.session, frames)
 
     def _on_message(self, raw: str | bytes) -> None:
         assert self._live is not None
@@ -234,12 +227,23 @@ class WebRtcPeer:
         elif channel.readyState == "open":
             channel.send(json.dumps(message))
 
-    async def _send_message(self, message: dict[str, Any]) -> None:
-        self._send(message)
-
-    async def _send_audio(self, chunk: OutChunk) -> None:
-        self.track.push(chunk.turn, chunk.samples)
-
     def _played(self, turn: int, samples: int) -> None:
         if self._live is not None:
             self._live.session.audio_played(turn, samples)
+
+
+class TrackSink:
+    """WebRTC: the events on the data channel (`send`), the agent's voice into the outbound track, whose
+    queue a barge-in flushes."""
+
+    def __init__(self, track: OutboundAudioTrack, send: Callable[[dict[str, Any]], None]) -> None:
+        self.track, self.send = track, send
+
+    async def send_message(self, message: dict[str, Any]) -> None:
+        self.send(message)
+
+    async def send_audio(self, chunk: OutChunk) -> None:
+        self.track.push(chunk.turn, chunk.samples)
+
+    async def flush_audio(self, turn: int) -> None:
+        self.track.flush()

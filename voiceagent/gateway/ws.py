@@ -11,26 +11,28 @@ closed, with a close code and a reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+from typing import Any
 
 from starlette.websockets import WebSocket
 
 from voiceagent.gateway.channel import Channel, Idle
 from voiceagent.gateway.codes import Close
 from voiceagent.gateway.hub import LiveSession, SessionHub, SessionLimitError
-from voiceagent.gateway.inbound import InboundAudio, frame_starts
+from voiceagent.gateway.inbound import InboundAudio, push_frames
 from voiceagent.gateway.outbound import Outbound
 from voiceagent.gateway.playout import OutChunk
 from voiceagent.gateway.security import check_client
 from voiceagent.gateway.ws_protocol import (
-    PROTOCOL_VERSION,
     InputText,
     ProtocolError,
     SessionEnd,
     SessionStart,
     error_message,
     parse_client_message,
+    session_started_message,
+    session_too_long_message,
+    session_too_long_reason,
 )
 from voiceagent.session import SessionOptions
 
@@ -80,9 +82,8 @@ class _Connection:
 
     async def _too_long(self) -> None:
         limit = self.hub.session_limit_s
-        reason = f"the session reached its {limit:g} s limit"
-        await self.error("session_too_long", f"{reason} (VOICEAGENT_MAX_SESSION_S)")
-        await self.channel.close(Close.TOO_LONG, reason)
+        await self.channel.send_json(session_too_long_message(limit))
+        await self.channel.close(Close.TOO_LONG, session_too_long_reason(limit))
 
     async def _receive(self, live: LiveSession | None = None) -> str | bytes | None:
         """The next message within the size limit (oversized ones get an error and are skipped)."""
@@ -116,27 +117,12 @@ class _Connection:
     async def _serve(self, live: LiveSession, start: SessionStart) -> None:
         session = live.session
         inbound = InboundAudio(start.sample_rate)
+        sink = WsSink(self.channel)
         outbound = Outbound(
-            live,
-            session.clock,
-            start.sample_rate,
-            self.channel.send_json,
-            self._send_audio,
-            lead_ms=LEAD_MS,
-            on_played=session.audio_played,
+            live, session.clock, start.sample_rate, sink, lead_ms=LEAD_MS, on_played=session.audio_played
         )
-        await self.channel.send_json(
-            {
-                "type": "session.started",
-                "version": PROTOCOL_VERSION,
-                "session_id": live.id,
-                "audio": {"encoding": "pcm16", "sample_rate": start.sample_rate},
-            }
-        )
-        tasks = [asyncio.create_task(outbound.pump()), asyncio.create_task(outbound.playout.run())]
-        for task in tasks:
-            task.add_done_callback(self._on_task_done)
-        try:
+        await self.channel.send_json(session_started_message(live.id, "pcm16", start.sample_rate))
+        async with outbound.sending(self._sending_failed):
             while (message := await self._receive(live)) is not None:
                 if isinstance(message, bytes):
                     await self._audio(live, inbound, message)
@@ -152,27 +138,33 @@ class _Connection:
                     return
                 else:
                     await self.error("already_started", "the session has started; send session.end first")
-        finally:
-            for task in tasks:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
-    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+    def _sending_failed(self, error: BaseException) -> None:
         """A sending task that fails ends this connection (closing it ends the receive loop)."""
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("a /ws sending task failed", exc_info=error)
-            asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the session ended"))
-
-    async def _send_audio(self, chunk: OutChunk) -> None:
-        await self.channel.send_bytes(chunk.samples.astype("<i2", copy=False).tobytes())
+        log.error("a /ws sending task failed", exc_info=error)
+        asyncio.ensure_future(self.channel.close(Close.INTERNAL, "internal error; the session ended"))
 
     async def _audio(self, live: LiveSession, inbound: InboundAudio, data: bytes) -> None:
         try:
-            frames = inbound.push_pcm16(data)
+            frames = inbound.push_pcm16(data, self.hub.clock.now_ns())
         except ValueError as error:
             await self.error("bad_audio", str(error))
             return
-        now = self.hub.clock.now_ns()
-        for frame, t_ns in zip(frames, frame_starts(now, len(frames)), strict=True):
-            await live.session.push_audio(frame, t_ns)
+        await push_frames(live.session, frames)
+
+
+class WsSink:
+    """/ws: the events as JSON text, the agent's voice as binary PCM16 at the client's rate. Nothing sent
+    can be taken back at a barge-in: the client drops its buffer when `interrupted` comes."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    async def send_message(self, message: dict[str, Any]) -> None:
+        await self.channel.send_json(message)
+
+    async def send_audio(self, chunk: OutChunk) -> None:
+        await self.channel.send_bytes(chunk.samples.astype("<i2", copy=False).tobytes())
+
+    async def flush_audio(self, turn: int) -> None:
+        pass

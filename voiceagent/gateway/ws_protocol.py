@@ -1,8 +1,10 @@
-"""The /ws wire format (docs/protocol.md): client messages parsed into types, session events into JSON.
+"""The /ws wire format (docs/protocol.md): client messages parsed into types, and every message the server
+sends built here (the same events go over WebRTC's data channel).
 
 `parse_client_message(text)` raises `ProtocolError(code, message)` for anything it cannot take; the
 transport answers it with an `error` event and carries on. `event_message(event)` is the JSON a session
-event becomes, or None for events that travel otherwise (audio as binary frames) or not at all.
+event becomes, or None for events that travel otherwise (audio as binary frames) or not at all; the other
+builders are for what the gateway itself says (the session's start, the audio's framing, a turn's metrics).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from typing import Any
 
 from voiceagent.events import (
     Event,
+    Interrupted,
     ReplyText,
     SpeechEnded,
     SpeechStarted,
     TranscriptFinal,
     TranscriptPartial,
+    TurnError,
 )
 from voiceagent.gateway.inbound import SUPPORTED_RATES
 
@@ -114,8 +118,50 @@ def event_message(event: Event) -> dict[str, Any] | None:
             "n_accepted": event.n_accepted,
             "first": event.first,
         }
+    if isinstance(event, TurnError):
+        return error_message(event.code, event.message, stage=event.stage, turn=turn)
+    if isinstance(event, Interrupted):
+        return {"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text}
     return None
 
 
 def error_message(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message, **extra}
+
+
+def session_started_message(
+    session_id: str, encoding: str, sample_rate: int, transport: str | None = None
+) -> dict[str, Any]:
+    """The first event of a session; `transport` is named where it is not /ws (WebRTC)."""
+    message: dict[str, Any] = {
+        "type": "session.started",
+        "version": PROTOCOL_VERSION,
+        "session_id": session_id,
+    }
+    if transport is not None:
+        message["transport"] = transport
+    message["audio"] = {"encoding": encoding, "sample_rate": sample_rate}
+    return message
+
+
+def session_too_long_reason(limit_s: float) -> str:
+    """The words for a session cut off at VOICEAGENT_MAX_SESSION_S (also the close reason on /ws)."""
+    return f"the session reached its {limit_s:g} s limit"
+
+
+def session_too_long_message(limit_s: float) -> dict[str, Any]:
+    reason = session_too_long_reason(limit_s)
+    return error_message("session_too_long", f"{reason} (VOICEAGENT_MAX_SESSION_S)")
+
+
+def audio_start_message(turn: int, sample_rate: int) -> dict[str, Any]:
+    return {"type": "agent.audio.start", "turn": turn, "sample_rate": sample_rate}
+
+
+def audio_end_message(turn: int, samples: int, interrupted: bool) -> dict[str, Any]:
+    return {"type": "agent.audio.end", "turn": turn, "samples": samples, "interrupted": interrupted}
+
+
+def turn_metrics_message(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics`: what `LiveSession.finish_turn` returned."""
+    return {"type": "turn.metrics", **metrics}
