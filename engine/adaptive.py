@@ -1,15 +1,20 @@
 """How many tokens to draft: a fixed gamma, or an adaptive length from measured costs and acceptance.
 
-Drafting one more token costs a draft step (plus the extra verify row); it pays off only if it is
-accepted, and it can only be accepted if every token before it was. So after drafting tokens 1..k with
-draft confidences c_1..c_k (the draft's probability of its own choice), drafting token k+1 is worth it when
+Drafting one more token costs a draft step plus the extra verify row; it pays off only if it is accepted,
+and it can only be accepted if every token before it was. So after drafting tokens 1..k with draft
+confidences c_1..c_k (the draft's probability of its own choice), drafting token k+1 is worth it when
 
-    c_1 * ... * c_k * acceptance  *  target_step_s   >   draft_step_s + verify_row_s
+    c_1 * ... * c_k * acceptance  *  target_step_s   >   draft_step_s + (verify_s(k+2) - verify_s(k+1))
 
-where `acceptance` is the running rate at which drafted tokens are accepted, and the costs are measured
-as the engine runs. With nothing measured yet the policy drafts up to its maximum. When not even the
-first token pays, the block is a plain step; every PROBE_EVERY such blocks one token is drafted anyway,
-so the estimates keep tracking a conversation whose text becomes easier to predict.
+where `acceptance` is the running rate at which drafted tokens are accepted and verify_s(n) the cost of a
+target forward of n ids. A verify's cost is not linear in its rows (on a CPU a forward of 2+ ids may take
+another kernel than a one-id step), so the costs are a table by size: calibrated once per engine before its
+first adaptive block (`Engine.calibrate`: a few timed forwards of every size the policy may ask for), then
+kept up to date by the blocks themselves. Whether a block drafts at all is decided over the whole length:
+some g in 1..max must be expected to beat a plain step (sum of acceptance^i over i = 1..g target steps won,
+against g draft steps and the larger verify). When none does, the block is a plain step; every PROBE_EVERY
+such blocks one token is drafted anyway, so the acceptance keeps tracking a conversation whose text
+becomes easier to predict.
 """
 
 from __future__ import annotations
@@ -33,40 +38,60 @@ class RunningMean:
 class SpeculationStats:
     """What the policy learns as the engine runs (shared by all generations on one engine).
 
-    Measured seconds of one draft step and of a target forward by number of tokens verified, and the
-    running rate at which drafted tokens are accepted.
+    Seconds of one draft step and of a target forward by number of ids verified (calibrated, then
+    measured), and the running rate at which drafted tokens are accepted.
     """
 
     draft_step: RunningMean = field(default_factory=RunningMean)
     verify: dict[int, RunningMean] = field(default_factory=dict)
     acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7))
     skipped: int = 0  # plain blocks since the last probe
+    calibrated: bool = False
 
-    def record(self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None) -> None:
+        """Seeds the cost table with forwards timed on this machine (sizes not given are interpolated)."""
+        for n_rows, seconds in verify_s.items():
+            self.verify[n_rows] = RunningMean(seconds)
+        if draft_step_s is not None:
+            self.draft_step = RunningMean(draft_step_s)
+        self.calibrated = True
+
+    def record(
+        self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, n_rows: int | None = None
+    ) -> None:
+        """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id)."""
         if n_drafted:
             self.draft_step.add(draft_s / n_drafted)
             # Per-token acceptance over the tokens that had a chance (none after the first rejection).
             self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
-        self.verify.setdefault(n_drafted + 1, RunningMean()).add(verify_s)
+        rows = n_drafted + 1 if n_rows is None else n_rows
+        self.verify.setdefault(rows, RunningMean()).add(verify_s)
 
     def _measured(self) -> list[tuple[int, float]]:
         return sorted((n, mean.value) for n, mean in self.verify.items() if mean.value is not None)
 
-    def verify_row_s(self) -> float:
-        """Marginal cost of one more verified row, from the smallest and largest sizes measured."""
-        measured = self._measured()
-        if len(measured) < 2:
-            return 0.0
-        (n_low, low), (n_high, high) = measured[0], measured[-1]
-        return max(0.0, (high - low) / (n_high - n_low))
-
-    def target_step_s(self) -> float | None:
-        """One-token target forward, extrapolated from the smallest verify measured."""
+    def verify_s(self, n_rows: int) -> float | None:
+        """Seconds of a target forward of `n_rows` ids: measured, else interpolated between the nearest
+        sizes measured (extrapolated from the two nearest past either end; flat from a single size)."""
         measured = self._measured()
         if not measured:
             return None
-        n, seconds = measured[0]
-        return max(seconds - (n - 1) * self.verify_row_s(), 1e-6)
+        exact = dict(measured)
+        if n_rows in exact:
+            return exact[n_rows]
+        below = [(n, s) for n, s in measured if n < n_rows]
+        above = [(n, s) for n, s in measured if n > n_rows]
+        if below and above:
+            (n0, s0), (n1, s1) = below[-1], above[0]
+        elif len(measured) == 1:
+            return measured[0][1]
+        else:
+            (n0, s0), (n1, s1) = below[-2:] if below else above[:2]
+        return max(s0 + (s1 - s0) * (n_rows - n0) / (n1 - n0), 1e-6)
+
+    def target_step_s(self) -> float | None:
+        """One-id target forward: a plain decoding step."""
+        return self.verify_s(1)
 
 
 @dataclass
@@ -87,23 +112,47 @@ class DraftLength:
 
     def should_draft(self, n_drafted: int, confidence: float, limit: int) -> bool:
         """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences."""
-        if n_drafted >= min(limit, self.max_gamma):
+        most = min(limit, self.max_gamma)
+        if n_drafted >= most:
             return False
         if not self.adaptive:
             return True
-        worth = self._worth_drafting(confidence)
         if n_drafted == 0:
-            if not worth and self.stats.skipped + 1 < PROBE_EVERY:
+            if not self._block_pays(most) and self.stats.skipped + 1 < PROBE_EVERY:
                 self.stats.skipped += 1
                 return False
             self.stats.skipped = 0
             return True
-        return worth
+        return self._next_pays(n_drafted, confidence)
 
-    def _worth_drafting(self, confidence: float) -> bool:
+    def _costs(self) -> tuple[float, float, float] | None:
         target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step.value
         if target_step is None or draft_step is None:
-            return True  # nothing measured yet: draft, and measure
+            return None
         acceptance = self.stats.acceptance.value if self.stats.acceptance.value is not None else 0.7
+        return target_step, draft_step, acceptance
+
+    def _extra_verify_s(self, n_rows_from: int, n_rows_to: int) -> float:
+        low, high = self.stats.verify_s(n_rows_from), self.stats.verify_s(n_rows_to)
+        return 0.0 if low is None or high is None else max(0.0, high - low)
+
+    def _block_pays(self, most: int) -> bool:
+        """Is some draft length 1..most expected to beat a plain step?"""
+        costs = self._costs()
+        if costs is None:
+            return True  # nothing measured yet: draft, and measure
+        target_step, draft_step, acceptance = costs
+        won = 0.0
+        for gamma in range(1, most + 1):
+            won += acceptance**gamma * target_step
+            if won > gamma * draft_step + self._extra_verify_s(1, gamma + 1):
+                return True
+        return False
+
+    def _next_pays(self, n_drafted: int, confidence: float) -> bool:
+        costs = self._costs()
+        if costs is None:
+            return True
+        target_step, draft_step, acceptance = costs
         gain = confidence * acceptance * target_step
-        return gain > draft_step + self.stats.verify_row_s()
+        return gain > draft_step + self._extra_verify_s(n_drafted + 1, n_drafted + 2)

@@ -23,6 +23,7 @@ from torch import Tensor
 from engine.adaptive import DraftLength, SpeculationStats
 from engine.detokenize import TextStream, Tokenizer
 from engine.fair_lock import FairLock
+from engine.ggml import GgmlCache, GgmlModel
 from engine.graphs import StaticForwards
 from engine.metrics import BlockTiming, EngineMetrics, GenerationStats
 from engine.model import KVCache, LogitsMode, Transformer
@@ -30,6 +31,7 @@ from engine.sampling import SamplingParams, sample, warp_probs
 from engine.speculative import Verdict, verify_greedy, verify_sampled
 
 Clock = Callable[[], float]
+Model = Transformer | GgmlModel  # the same forward on PyTorch's kernels or on llama.cpp's (engine/ggml.py)
 PREFILL_CHUNK = 512  # bounds the [T, S] attention mask and activations of a long prompt
 FUSED_PREFILL = 64  # a prompt's last ids (up to this many) reach the target with its first verification
 
@@ -52,8 +54,8 @@ class CommittedBlock:
 class ModelState:
     """One model's view of a conversation: its cache and how many committed ids it holds."""
 
-    model: Transformer
-    cache: KVCache
+    model: Model
+    cache: KVCache | GgmlCache
     valid: int = 0
     static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
 
@@ -73,9 +75,12 @@ class ModelState:
         return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
 
     @classmethod
-    def create(cls, model: Transformer, static_shapes: bool, max_seq_len: int | None = None) -> ModelState:
+    def create(cls, model: Model, static_shapes: bool, max_seq_len: int | None = None) -> ModelState:
         cache = model.new_cache(max_seq_len)
-        return cls(model, cache, static=StaticForwards(model, cache) if static_shapes else None)
+        static = None
+        if static_shapes and isinstance(model, Transformer) and isinstance(cache, KVCache):  # CUDA graphs
+            static = StaticForwards(model, cache)
+        return cls(model, cache, static=static)
 
 
 class Conversation:
@@ -116,10 +121,8 @@ class Conversation:
         with self._lock:  # not while this one generates
             other.tokens = list(self.tokens)
             for mine, theirs in zip(self.states, other.states, strict=True):
-                n = mine.valid  # KVCache tensors: [n_layers, 1, KVH, max_seq_len, D]
-                theirs.cache.k[:, :, :, :n].copy_(mine.cache.k[:, :, :, :n])
-                theirs.cache.v[:, :, :, :n].copy_(mine.cache.v[:, :, :, :n])
-                theirs.valid = n
+                theirs.cache.copy_prefix_from(mine.cache, mine.valid)  # type: ignore[arg-type]
+                theirs.valid = mine.valid
         return other
 
     def prefill(self, prompt_ids: Sequence[int], *, draft_only: bool = False) -> int:
@@ -219,6 +222,8 @@ class _Generation:
 
     def run(self) -> Iterator[CommittedBlock]:
         started = self.clock()
+        if self.draft_length.adaptive and not self.engine.speculation.calibrated:
+            self.engine.calibrate()  # once per engine (load_engine does it at load for gamma "auto")
         self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
         # The target's last prompt ids go with its first verification: one forward fewer. The draft gains
         # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting.
@@ -256,6 +261,7 @@ class _Generation:
         if self._cancelled():
             return None
         gamma = draft_tokens.shape[0]
+        n_rows = n_before - self.conv.target.valid + gamma  # pending ids (1, 2, or a prompt's tail) + drafts
         t1 = self.clock()
         verdict = self._verify(draft_tokens, draft_probs)
         t2 = self.clock()
@@ -266,7 +272,7 @@ class _Generation:
         if self.text.stopped:
             finish_reason = "stop"
         self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
-        self.engine.speculation.record(gamma, verdict.n_accepted, t1 - t0, t2 - t1)
+        self.engine.speculation.record(gamma, verdict.n_accepted, t1 - t0, t2 - t1, n_rows)
         timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
         block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
         return block, finish_reason
@@ -376,8 +382,8 @@ class Engine:
 
     def __init__(
         self,
-        target: Transformer,
-        draft: Transformer | None,
+        target: Model,
+        draft: Model | None,
         tokenizer: Tokenizer,
         *,
         eos_ids: Iterable[int] = (),
@@ -406,6 +412,18 @@ class Engine:
         # this engine step under it, first come first served.
         self.lock = FairLock()
         self._default: Conversation | None = None
+
+    def calibrate(self) -> None:
+        """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,
+        on scratch caches; the adaptive policy starts from these figures (engine/calibration.py)."""
+        from engine.calibration import measure_costs
+
+        if self.draft is None:
+            self.speculation.calibrated = True
+            return
+        with torch.inference_mode():
+            verify_s, draft_step_s = measure_costs(self.target, self.draft, self.clock)
+        self.speculation.calibrate(verify_s, draft_step_s)
 
     def new_conversation(self, max_seq_len: int | None = None) -> Conversation:
         return Conversation(self, max_seq_len)

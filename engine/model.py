@@ -35,6 +35,11 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def copy_prefix_from(self, other: KVCache, n_tokens: int) -> None:
+        """Copies `other`'s keys and values of the first `n_tokens` positions into this cache."""
+        self.k[:, :, :, :n_tokens].copy_(other.k[:, :, :, :n_tokens])
+        self.v[:, :, :, :n_tokens].copy_(other.v[:, :, :, :n_tokens])
+
 
 class Positions(NamedTuple):
     """Where this forward's tokens sit: shared by every layer of one forward."""
