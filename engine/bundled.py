@@ -114,3 +114,7 @@ BUNDLED: dict[str, BundledModel] = {
         ),
     )
 }
+
+# The pair every entry point loads unless told otherwise (`python -m engine generate|chat|bench|serve`).
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"

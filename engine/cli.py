@@ -10,15 +10,14 @@ from typing import Any
 
 from engine.bench.cli import add_bench_parser
 from engine.bundled import BUNDLED
-from engine.cli_flags import add_speculation_flags
-from engine.generate import CommittedBlock, Engine
-from engine.load import DTYPES, chat_prompt, load_engine
+from engine.cli_flags import add_engine_flags
+from engine.generate import CommittedBlock
+from engine.load import chat_prompt, load_engine
 from engine.metrics import GenerationStats
 from engine.models import ModelAssemblyError, prepare, status
+from engine.options import EngineOptions
 from engine.sampling import SamplingParams
-
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+from engine.server.cli import add_serve_parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,21 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     generate = commands.add_parser("generate", help="stream one completion to stdout")
-    _add_engine_flags(generate)
+    _add_generate_flags(generate)
     generate.add_argument("--prompt", required=True, help="the prompt text")
     generate.add_argument("--chat", action="store_true", help="apply the model's chat template")
     generate.add_argument("--json", action="store_true", help="end with one JSON line of results")
     generate.set_defaults(run=_generate)
 
     chat = commands.add_parser("chat", help="talk to the model in the terminal (the conversation is cached)")
-    _add_engine_flags(chat)
+    _add_generate_flags(chat)
     chat.add_argument("--system", default="You are a helpful assistant. Answer briefly.")
     chat.set_defaults(run=_chat)
 
     add_bench_parser(commands)
-
-    from engine.server.cli import add_serve_parser  # imported here: it takes the defaults from this module
-
     add_serve_parser(commands)
 
     models = commands.add_parser("models", help="list or prepare the bundled models")
@@ -63,9 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="bundled name, checkpoint dir or .gguf")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model, or 'none' for plain decoding")
+def _add_generate_flags(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags, then sampling's."""
+    add_engine_flags(parser)
     parser.add_argument("--greedy", action="store_true", help="temperature 0 (the default)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -73,24 +69,6 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    add_speculation_flags(parser)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-seq-len", type=int, default=4096, help="KV cache length in tokens")
-
-
-def _engine(args: argparse.Namespace) -> Engine:
-    draft = None if args.draft.lower() == "none" else args.draft
-    return load_engine(
-        args.target,
-        draft,
-        quant=args.quant,
-        draft_quant=args.draft_quant,
-        dtype=args.dtype,
-        device=args.device,
-        max_seq_len=args.max_seq_len,
-        gamma=args.gamma,
-    )
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -122,7 +100,7 @@ def _stream(blocks: Iterator[CommittedBlock]) -> tuple[list[int], str, Generatio
 
 def _generate(args: argparse.Namespace) -> int:
     params = _params(args)
-    engine = _engine(args)
+    engine = load_engine(EngineOptions.from_attributes(args))
     tokenizer: Any = engine.tokenizer  # a transformers tokenizer (the engine itself only decodes)
     if args.chat:
         prompt_ids = chat_prompt(tokenizer, [{"role": "user", "content": args.prompt}])
@@ -156,7 +134,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _chat(args: argparse.Namespace) -> int:
     params = _params(args)
-    engine = _engine(args)
+    engine = load_engine(EngineOptions.from_attributes(args))
     messages = [{"role": "system", "content": args.system}]
     print(f"chatting with {args.target} (draft: {args.draft}); an empty line or Ctrl-D ends", file=sys.stderr)
     while True:

@@ -11,17 +11,11 @@ from typing import Any
 import torch
 
 from engine.generate import Clock, Engine
+from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve
-from engine.quant import QUANT_MODES, QuantMode, quantize
+from engine.options import EngineOptions, parse_dtype
+from engine.quant import QuantMode, quantize
 from engine.weights import load_checkpoint
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -60,53 +54,45 @@ def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any) -> None:
 
 
 def load_engine(
-    target: str,
+    options: EngineOptions | str,
     draft: str | None = None,
     *,
-    dtype: str = "bf16",
-    device: str = "cpu",
-    max_seq_len: int = 4096,
-    gamma: int | str = 4,
-    quant: QuantMode = "none",
-    draft_quant: QuantMode = "none",
-    static_shapes: bool | None = None,
     clock: Clock = time.perf_counter,
     log: Log = log_to_stderr,
+    **settings: Any,
 ) -> Engine:
-    """Loads the target (and the draft, unless None) by bundled name, checkpoint directory or .gguf.
-
-    `gamma` is the number of drafted tokens per block or "auto"; `quant` / `draft_quant` store the
-    target's / draft's linear layers as int8 or int4 (CPU). A quantised draft never changes the output;
-    a quantised target is a different target. `static_shapes` (default: on for CUDA) runs decode steps
-    as fixed-shape forwards captured as CUDA graphs.
-    """
-    torch_dtype = parse_dtype(dtype)
-    for mode in (quant, draft_quant):
-        if mode not in QUANT_MODES:
-            raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
-    if max_seq_len < 2:
-        raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-    target_dir = resolve(target, log=log)
-    draft_dir = resolve(draft, log=log) if draft is not None else None
+    """Loads the engine `options` describe: `load_engine(EngineOptions(target, draft, gamma="auto"))`, or
+    with the same fields as arguments, `load_engine(target, draft, dtype="fp32", max_seq_len=512)`."""
+    if not isinstance(options, EngineOptions):
+        options = EngineOptions(options, draft, **settings)
+    elif draft is not None or settings:
+        raise ValueError("give load_engine EngineOptions or a target with settings, not both")
+    torch_dtype = parse_dtype(options.dtype)
+    target_dir = resolve(options.target, log=log)
+    draft_dir = resolve(options.draft, log=log) if options.draft is not None else None
     tokenizer = load_tokenizer(target_dir)
     if draft_dir is not None:
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
-    target_model = quantize(
-        load_checkpoint(target_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device), quant
-    )
-    draft_model = None
-    if draft_dir is not None:
-        draft_model = load_checkpoint(draft_dir, max_seq_len=max_seq_len, dtype=torch_dtype, device=device)
-        draft_model = quantize(draft_model, draft_quant)
-    eos_ids = eos_ids_of(target_dir, tokenizer)
+
+    def load(directory: Path, quant: QuantMode) -> Transformer:
+        return quantize(
+            load_checkpoint(
+                directory, max_seq_len=options.max_seq_len, dtype=torch_dtype, device=options.device
+            ),
+            quant,
+        )
+
+    target_model = load(target_dir, options.quant)
+    draft_model = load(draft_dir, options.draft_quant) if draft_dir is not None else None
+    static_shapes = options.static_shapes
     if static_shapes is None:
-        static_shapes = torch.device(device).type == "cuda"
+        static_shapes = torch.device(options.device).type == "cuda"
     return Engine(
         target_model,
         draft_model,
         tokenizer,
-        eos_ids=eos_ids,
-        gamma=gamma,
+        eos_ids=eos_ids_of(target_dir, tokenizer),
+        gamma=options.gamma,
         static_shapes=static_shapes,
         clock=clock,
     )

@@ -31,7 +31,7 @@ import httpx
 from voiceagent.config import Settings
 
 if TYPE_CHECKING:
-    from engine.generate import CommittedBlock, Conversation, Engine
+    from engine import CommittedBlock, Conversation, Engine
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
@@ -105,7 +105,7 @@ class LocalLLM:
         self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
     ) -> AsyncIterator[ReplyBlock]:
         """Streams the reply's committed blocks; raises LLMError for bad input or an engine failure."""
-        from engine.sampling import SamplingParams
+        from engine import SamplingParams
 
         if self._running is not None:
             try:  # a cancelled turn ends at its next block; then it is free
@@ -204,7 +204,7 @@ class LocalLLM:
         """The chat prompt of `messages`, the oldest turns after the system prompt dropped until `room`
         ids are left for the reply in this conversation's cache (the engine names a prompt too long
         to fit even so)."""
-        from engine.load import chat_prompt
+        from engine import chat_prompt
 
         kept = [dict(message) for message in messages]
         while True:
@@ -361,18 +361,9 @@ def llm_model_status() -> list[tuple[str, bool, str]]:
 
 def load_local_engine(settings: Settings) -> Engine:
     """The in-process engine the settings describe, loaded once and shared by every session."""
-    from engine.load import load_engine
+    from engine import EngineOptions, load_engine
 
-    return load_engine(
-        settings.target,
-        settings.draft_model,
-        dtype=settings.dtype,
-        device=settings.device,
-        max_seq_len=settings.max_seq_len,
-        gamma=settings.gamma,
-        quant=settings.quant,
-        draft_quant=settings.draft_quant,
-    )
+    return load_engine(EngineOptions.from_attributes(settings))  # target, draft ("none": plain), dtype, ...
 
 
 def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:

@@ -30,8 +30,9 @@ from engine.bench.contenders import (
 from engine.bench.shapes import run_shapes
 from engine.cli_flags import add_speculation_flags, gamma_arg
 from engine.generate import Engine
-from engine.load import DTYPES, chat_prompt, load_engine
+from engine.load import chat_prompt, load_engine
 from engine.models import resolve
+from engine.options import DEFAULT_OPTIONS, DTYPES, EngineOptions
 from engine.quant import QUANT_MODES, QuantMode
 
 LLAMA_CPP_PLAIN_TOK_S = 38.0  # llama.cpp, same pair as Q4_K_M, 2 threads, 128 tokens (issue 3's measurement)
@@ -39,8 +40,8 @@ LLAMA_CPP_PLAIN_TOK_S = 38.0  # llama.cpp, same pair as Q4_K_M, 2 threads, 128 t
 
 def add_bench_parser(commands: Any) -> None:
     bench = commands.add_parser("bench", help="time plain vs speculative decoding on a prompt set")
-    bench.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    bench.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    bench.add_argument("--target", default=DEFAULT_OPTIONS.target)
+    bench.add_argument("--draft", default=DEFAULT_OPTIONS.draft)
     bench.add_argument("--prompts", type=Path, default=Path("bench/prompts.jsonl"))
     bench.add_argument("--max-new-tokens", type=int, default=96)
     add_speculation_flags(bench)
@@ -115,9 +116,10 @@ def build_pairs(args: argparse.Namespace) -> list[Pair]:
     for config in configs:
         key = (config.quant, config.draft_quant)
         if key not in engines:
-            engines[key] = load_engine(
+            options = EngineOptions(
                 args.target, args.draft, dtype=args.dtype, quant=config.quant, draft_quant=config.draft_quant
             )
+            engines[key] = load_engine(options)
         engine = engines[key]
         suffix = "" if not pairs else f"#{len(pairs) + 1}"
         pairs.append(

@@ -10,8 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine.load import DTYPES
+from engine.options import DEFAULT_OPTIONS, DTYPES, EngineOptions
 from engine.quant import QUANT_MODES, QuantMode
 
 # vLLM's --dtype spellings, and the engine's own.
@@ -45,10 +44,14 @@ def json_object(value: str) -> dict[str, Any]:
 def add_serve_parser(commands: Any) -> None:
     serve = commands.add_parser("serve", help="an OpenAI-compatible server, launched with vLLM's flags")
     serve.add_argument("model_tag", nargs="?", help="the model, as `vllm serve MODEL` takes it")
-    serve.add_argument("--model", help=f"bundled name, checkpoint dir or .gguf (default {DEFAULT_TARGET})")
-    serve.add_argument("--speculative-model", default=DEFAULT_DRAFT, help="draft model, or 'none' (plain)")
     serve.add_argument(
-        "--num-speculative-tokens", type=speculative_tokens, default=4,
+        "--model", help=f"bundled name, checkpoint dir or .gguf (default {DEFAULT_OPTIONS.target})"
+    )
+    serve.add_argument(
+        "--speculative-model", default=DEFAULT_OPTIONS.draft, help="draft model, or 'none' (plain)"
+    )
+    serve.add_argument(
+        "--num-speculative-tokens", type=speculative_tokens, default=DEFAULT_OPTIONS.gamma,
         help="drafted tokens per verification, or 'auto' for the adaptive length (default 4)",
     )  # fmt: skip
     serve.add_argument(
@@ -63,14 +66,17 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--dtype", choices=list(VLLM_DTYPES), default="auto", help="auto is bf16")
-    serve.add_argument("--max-model-len", type=int, default=4096, help="context (KV cache) length in tokens")
+    serve.add_argument(
+        "--max-model-len", type=int, default=DEFAULT_OPTIONS.max_seq_len,
+        help="context (KV cache) length in tokens",
+    )  # fmt: skip
     serve.add_argument("--served-model-name", help="the model id clients use (default: the --model value)")
     serve.add_argument(
         "--api-key",
         default=os.environ.get("VLLM_API_KEY") or None,
         help="require this bearer key (env VLLM_API_KEY)",
     )
-    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--device", default=DEFAULT_OPTIONS.device)
     serve.add_argument("--max-queue-len", type=int, default=16, help="waiting requests before 429")
     serve.add_argument("--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=run_serve)
@@ -78,7 +84,7 @@ def add_serve_parser(commands: Any) -> None:
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """The engine to load and how to serve it, resolved from the flags."""
+    """The engine to load and how to serve it, resolved from the flags (vLLM's names and aliases)."""
 
     target: str
     draft: str | None
@@ -87,6 +93,13 @@ class ServeOptions:
     model_name: str
     quant: QuantMode = "none"  # weight-only int8/int4 for the target
     draft_quant: QuantMode = "none"
+    device: str = DEFAULT_OPTIONS.device
+    max_seq_len: int = DEFAULT_OPTIONS.max_seq_len  # --max-model-len
+
+    @property
+    def engine(self) -> EngineOptions:
+        """The engine's own options."""
+        return EngineOptions.from_attributes(self)
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -95,7 +108,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         raise ValueError(
             f"the model is given twice and differs: {args.model_tag!r} and --model {args.model!r}"
         )
-    target = args.model_tag or args.model or DEFAULT_TARGET
+    target = args.model_tag or args.model or DEFAULT_OPTIONS.target
     draft, gamma, draft_quant = (
         args.speculative_model,
         args.num_speculative_tokens,
@@ -105,7 +118,10 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         draft, gamma, draft_quant = _from_speculative_config(args.speculative_config, gamma, draft_quant)
     draft = None if draft is None or draft.lower() == "none" else draft
     name = args.served_model_name or target
-    return ServeOptions(target, draft, gamma, VLLM_DTYPES[args.dtype], name, args.quantization, draft_quant)
+    dtype = VLLM_DTYPES[args.dtype]
+    return ServeOptions(
+        target, draft, gamma, dtype, name, args.quantization, draft_quant, args.device, args.max_model_len
+    )
 
 
 def _from_speculative_config(
@@ -140,16 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from engine.server.app import ServerConfig, run
 
     options = serve_options(args)
-    engine = load_engine(
-        options.target,
-        options.draft,
-        dtype=options.dtype,
-        device=args.device,
-        max_seq_len=args.max_model_len,
-        gamma=options.gamma,
-        quant=options.quant,
-        draft_quant=options.draft_quant,
-    )
+    engine = load_engine(options.engine)
     fixed_gamma = options.gamma if isinstance(options.gamma, int) and options.draft is not None else None
     config = ServerConfig(
         model_name=options.model_name, api_key=args.api_key or None, max_queue_len=args.max_queue_len,

@@ -1,9 +1,12 @@
 """Bad input gets a clear error before any tensor work, and the engine stays usable."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from engine.generate import Engine
-from engine.load import check_same_vocabulary, load_engine, parse_dtype
+from engine.load import check_same_vocabulary, load_engine
+from engine.options import EngineOptions, parse_dtype
 from engine.sampling import SamplingParams
 from tests.fakes import engine_model_from_hf, tiny_engine, tiny_hf_model
 
@@ -97,3 +100,17 @@ def test_one_stream_per_conversation(engine: Engine) -> None:
     with pytest.raises(RuntimeError, match="already generating"):
         next(conversation.generate([1, 2, 3]))
     first.close()
+
+
+def test_engine_options_refuse_bad_values_before_any_loading() -> None:
+    with pytest.raises(ValueError, match="unknown quantisation 'int3'"):
+        EngineOptions("no-such-model", draft_quant="int3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_seq_len must be >= 2, got 1"):
+        load_engine("no-such-model", max_seq_len=1)
+    with pytest.raises(ValueError, match="not both"):
+        load_engine(EngineOptions("no-such-model"), dtype="fp32")
+
+
+def test_engine_options_from_flags_and_settings() -> None:
+    flags = SimpleNamespace(target="t", draft="none", gamma="auto", dtype="fp32", prompt="unrelated")
+    assert EngineOptions.from_attributes(flags) == EngineOptions("t", None, dtype="fp32", gamma="auto")

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.cli import DEFAULT_DRAFT, DEFAULT_TARGET, _parser
+from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine.cli import _parser
 from engine.server.cli import ServeOptions, serve_options
 from engine.server.protocol import APIError, ChatCompletionRequest, parse_request
 from tests.support.servers import free_port

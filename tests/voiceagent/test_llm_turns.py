@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from engine import EngineOptions
 from engine.fair_lock import FairLock
 from tests.fakes import tiny_engine
+from voiceagent.config import Settings
 from voiceagent.llm import LocalLLM
 
 
@@ -64,3 +66,10 @@ def test_two_replies_on_one_engine_take_turns_block_by_block() -> None:
     last = {name: len(order) - 1 - order[::-1].index(name) for name in "AB"}
     both_running = order[max(order.index("B") - 1, 0) : min(last.values()) + 1]
     assert all(x != y for x, y in zip(both_running, both_running[1:], strict=False)), order
+
+
+def test_the_settings_name_the_engine_to_load() -> None:
+    settings = Settings(draft="none", max_seq_len=512)
+    expected = EngineOptions(settings.target, None, max_seq_len=512, gamma=settings.gamma,
+                             draft_quant=settings.draft_quant)  # fmt: skip
+    assert EngineOptions.from_attributes(settings) == expected

@@ -1,0 +1,66 @@
+"""What to load and how: the one set of load-time settings, for `load_engine`, the CLIs and the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine.quant import QUANT_MODES, QuantMode
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The models of an engine and how to hold them; ValueError for a dtype, quantisation or length the
+    engine does not have (a bad `gamma` is refused by the engine itself).
+
+    `target` and `draft` are bundled names, checkpoint directories or .gguf files (`draft` None: plain
+    decoding). `gamma` is the number of drafted tokens per block, or "auto" (adaptive). `quant` /
+    `draft_quant` store the target's / draft's linear layers as int8 or int4 (CPU) or fp8 (Hopper): a
+    quantised draft never changes the output, a quantised target is a different target. `static_shapes`
+    (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA graphs on a GPU.
+    """
+
+    target: str
+    draft: str | None = None
+    dtype: str = "bf16"
+    device: str = "cpu"
+    max_seq_len: int = 4096  # the KV cache's length in tokens, prompt and reply together
+    gamma: int | str = 4
+    quant: QuantMode = "none"
+    draft_quant: QuantMode = "none"
+    static_shapes: bool | None = None
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        for mode in (self.quant, self.draft_quant):
+            if mode not in QUANT_MODES:
+                raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+
+    @classmethod
+    def from_attributes(cls, source: object) -> EngineOptions:
+        """The options that `source`'s attributes named as the fields give (the CLI's parsed engine flags,
+        the server's `ServeOptions`, voiceagent's `Settings`), the rest at their defaults; a draft named
+        "none" means plain decoding."""
+        values = {
+            field.name: getattr(source, field.name) for field in fields(cls) if hasattr(source, field.name)
+        }
+        draft = values.get("draft")
+        if isinstance(draft, str) and draft.lower() == "none":
+            values["draft"] = None
+        return cls(**values)
+
+
+# The bundled pair with the default settings: what the command-line entry points load unless told otherwise.
+DEFAULT_OPTIONS = EngineOptions(DEFAULT_TARGET, DEFAULT_DRAFT)
