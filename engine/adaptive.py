@@ -12,9 +12,12 @@ another kernel than a one-id step), so the costs are a table by size: calibrated
 first adaptive block (`Engine.calibrate`: a few timed forwards of every size the policy may ask for), then
 kept up to date by the blocks themselves. Whether a block drafts at all is decided over the whole length:
 some g in 1..max must be expected to beat a plain step (sum of acceptance^i over i = 1..g target steps won,
-against g draft steps and the larger verify). When none does, the block is a plain step; every PROBE_EVERY
-such blocks one token is drafted anyway, so the acceptance keeps tracking a conversation whose text
-becomes easier to predict.
+against g draft steps and the larger verify). When none does, the block is a plain step. A probe (one
+token drafted anyway) keeps the acceptance tracking a conversation whose text becomes easier to predict,
+but a probe is not free: the draft first catches up on every id committed since it last ran. So probes
+come after PROBE_EVERY plain blocks, then twice as far apart after each probe that did not make drafting
+pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if every token were accepted
+(a draft as slow as the target, or a verify of 2 ids costing two steps).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field
 
 AUTO_MAX_GAMMA = 8
 PROBE_EVERY = 8
+MAX_PROBE_EVERY = 64
+BEST_ACCEPTANCE = 0.98  # what the most predictable text (a repeated passage) reaches
 EMA_WEIGHT = 0.1  # weight of a new observation in the running means
 
 
@@ -46,6 +51,7 @@ class SpeculationStats:
     verify: dict[int, RunningMean] = field(default_factory=dict)
     acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7))
     skipped: int = 0  # plain blocks since the last probe
+    probe_every: int = PROBE_EVERY  # plain blocks between probes (doubles while probes find no gain)
     calibrated: bool = False
 
     def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None) -> None:
@@ -118,12 +124,21 @@ class DraftLength:
         if not self.adaptive:
             return True
         if n_drafted == 0:
-            if not self._block_pays(most) and self.stats.skipped + 1 < PROBE_EVERY:
-                self.stats.skipped += 1
-                return False
-            self.stats.skipped = 0
-            return True
+            return self._start_block(most)
         return self._next_pays(n_drafted, confidence)
+
+    def _start_block(self, most: int) -> bool:
+        stats = self.stats
+        if self._block_pays(most):
+            stats.skipped, stats.probe_every = 0, PROBE_EVERY
+            return True
+        if not self._block_pays(most, BEST_ACCEPTANCE):
+            return False  # no text could make drafting pay on these costs: no probe either
+        stats.skipped += 1
+        if stats.skipped < stats.probe_every:
+            return False
+        stats.skipped, stats.probe_every = 0, min(2 * stats.probe_every, MAX_PROBE_EVERY)
+        return True
 
     def _costs(self) -> tuple[float, float, float] | None:
         target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step.value
@@ -136,12 +151,14 @@ class DraftLength:
         low, high = self.stats.verify_s(n_rows_from), self.stats.verify_s(n_rows_to)
         return 0.0 if low is None or high is None else max(0.0, high - low)
 
-    def _block_pays(self, most: int) -> bool:
-        """Is some draft length 1..most expected to beat a plain step?"""
+    def _block_pays(self, most: int, acceptance: float | None = None) -> bool:
+        """Is some draft length 1..most expected to beat a plain step (at `acceptance`, default the
+        running rate)?"""
         costs = self._costs()
         if costs is None:
             return True  # nothing measured yet: draft, and measure
-        target_step, draft_step, acceptance = costs
+        target_step, draft_step, running = costs
+        acceptance = running if acceptance is None else acceptance
         won = 0.0
         for gamma in range(1, most + 1):
             won += acceptance**gamma * target_step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.options import DEFAULT_OPTIONS, DTYPES
+from engine.options import BACKENDS, DEFAULT_OPTIONS, DTYPES
 from engine.quant import QUANT_MODES
 
 
@@ -32,6 +32,15 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_backend_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=DEFAULT_OPTIONS.backend,
+        help="torch, or ggml: the GGUF files on llama.cpp's CPU kernels (the fastest on a CPU)",
+    )
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """A flag per `EngineOptions` field, for `EngineOptions.from_attributes(args)` (static shapes follow the
     device); the defaults are the bundled pair's."""
@@ -44,6 +53,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add_speculation_flags(parser)
     parser.add_argument("--dtype", choices=list(DTYPES), default=DEFAULT_OPTIONS.dtype)
     parser.add_argument("--device", default=DEFAULT_OPTIONS.device)
+    add_backend_flag(parser)
     parser.add_argument(
         "--max-seq-len", type=int, default=DEFAULT_OPTIONS.max_seq_len, help="KV cache length in tokens"
     )

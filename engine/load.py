@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from engine.generate import Clock, Engine
+from engine.generate import Clock, Engine, Model
+from engine.ggml import GgmlModel
 from engine.model import Transformer
-from engine.models import Log, log_to_stderr, resolve
+from engine.models import Log, log_to_stderr, resolve, resolve_gguf
 from engine.options import EngineOptions, parse_dtype
 from engine.quant import QuantMode, quantize
 from engine.weights import load_checkpoint
@@ -82,12 +83,20 @@ def load_engine(
             quant,
         )
 
-    target_model = load(target_dir, options.quant)
-    draft_model = load(draft_dir, options.draft_quant) if draft_dir is not None else None
+    target_model: Model
+    draft_model: Model | None
+    if options.backend == "ggml":
+        target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
+        draft_model = None
+        if options.draft is not None:
+            draft_model = GgmlModel(resolve_gguf(options.draft, log=log), options.max_seq_len)
+    else:
+        target_model = load(target_dir, options.quant)
+        draft_model = load(draft_dir, options.draft_quant) if draft_dir is not None else None
     static_shapes = options.static_shapes
     if static_shapes is None:
         static_shapes = torch.device(options.device).type == "cuda"
-    return Engine(
+    engine = Engine(
         target_model,
         draft_model,
         tokenizer,
@@ -96,6 +105,9 @@ def load_engine(
         static_shapes=static_shapes,
         clock=clock,
     )
+    if options.gamma == "auto" and draft_model is not None:
+        engine.calibrate()  # the adaptive length's cost table, timed once here rather than in a first reply
+    return engine
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

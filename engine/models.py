@@ -79,6 +79,23 @@ def resolve(name_or_path: str, log: Log = log_to_stderr) -> Path:
     )
 
 
+def resolve_gguf(name_or_path: str, log: Log = log_to_stderr) -> Path:
+    """A bundled model's name or a .gguf file -> the checked GGUF file (what the ggml backend runs)."""
+    if name_or_path in BUNDLED:
+        model = BUNDLED[name_or_path]
+        path = cache_root() / "gguf" / model.gguf_name
+        if not _gguf_ok(path, model):
+            assemble(model, path, log)
+        return path
+    path = Path(name_or_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise ValueError(
+        f"the ggml backend runs GGUF files: use a bundled name ({', '.join(BUNDLED)}) or a .gguf file, "
+        f"not {name_or_path!r} (or choose backend 'torch')"
+    )
+
+
 def prepare(name: str, *, install_missing: bool = False, log: Log = log_to_stderr) -> Path:
     """Assembles, checks and converts a bundled model once; returns its checkpoint directory."""
     if name not in BUNDLED:

@@ -9,6 +9,7 @@ import torch
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.quant import QUANT_MODES, QuantMode
 
+BACKENDS = ("torch", "ggml")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -28,6 +29,8 @@ class EngineOptions:
     `draft_quant` store the target's / draft's linear layers as int8 or int4 (CPU) or fp8 (Hopper): a
     quantised draft never changes the output, a quantised target is a different target. `static_shapes`
     (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA graphs on a GPU.
+    `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py), the
+    fastest exact CPU path measured here; dtype and quantisation are then the files' own.
     """
 
     target: str
@@ -39,12 +42,19 @@ class EngineOptions:
     quant: QuantMode = "none"
     draft_quant: QuantMode = "none"
     static_shapes: bool | None = None
+    backend: str = "torch"
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
         for mode in (self.quant, self.draft_quant):
             if mode not in QUANT_MODES:
                 raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.backend == "ggml" and (self.quant != "none" or self.draft_quant != "none"):
+            raise ValueError("the ggml backend runs the GGUF files' own 4-bit weights: leave quant at 'none'")
+        if self.backend == "ggml" and self.device != "cpu":
+            raise ValueError("the ggml backend runs on the CPU; on a GPU use backend 'torch'")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
 

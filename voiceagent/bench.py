@@ -119,6 +119,7 @@ def summarize(results: Sequence[ClipResult], settings: Settings, load_s: float) 
             "target": settings.target,
             "draft": settings.draft,
             "draft_quant": settings.draft_quant,
+            "backend": settings.backend,
             "gamma": settings.gamma,
             "asr": settings.asr_model,
             "tts": settings.tts,

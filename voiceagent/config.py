@@ -10,7 +10,8 @@
     VOICEAGENT_TARGET, VOICEAGENT_DRAFT ("none" for plain decoding), VOICEAGENT_GAMMA (an integer or
     "auto"), VOICEAGENT_QUANT and VOICEAGENT_DRAFT_QUANT ("none"; "int8", "int4" on the CPU; "fp8" on
     Hopper GPUs),
-    VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN: the local engine.
+    VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN, VOICEAGENT_BACKEND ("ggml": the GGUF
+    files on llama.cpp's CPU kernels, the default; "torch": PyTorch, for GPUs): the local engine.
     VOICEAGENT_ASR_MODEL ("tiny.en" or "base"), VOICEAGENT_TTS ("piper" or "espeak"),
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
@@ -59,11 +60,14 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(60.0, gt=0)
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
-    # The fastest exact setting on a CPU: an adaptive draft length and an int4 draft (bench/results/).
-    # On a GPU set VOICEAGENT_DRAFT_QUANT=none (or fp8): int4 runs on the CPU kernels only.
+    # The fastest exact setting on a CPU: the GGUF files on llama.cpp's kernels (backend ggml) with an
+    # adaptive draft length, which falls back to plain decoding where drafting does not pay
+    # (bench/results/2026-12-01-cpu-backends.md). On a GPU set VOICEAGENT_BACKEND=torch (and
+    # VOICEAGENT_QUANT / VOICEAGENT_DRAFT_QUANT=fp8 on Hopper); quant applies to the torch backend only.
+    backend: Literal["torch", "ggml"] = "ggml"
     gamma: int | Literal["auto"] = "auto"
     quant: Literal["none", "int8", "int4", "fp8"] = "none"
-    draft_quant: Literal["none", "int8", "int4", "fp8"] = "int4"
+    draft_quant: Literal["none", "int8", "int4", "fp8"] = "none"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from engine.cli_flags import add_backend_flag
 from engine.options import DEFAULT_OPTIONS, DTYPES, EngineOptions
 from engine.quant import QUANT_MODES, QuantMode
 
@@ -77,6 +78,7 @@ def add_serve_parser(commands: Any) -> None:
         help="require this bearer key (env VLLM_API_KEY)",
     )
     serve.add_argument("--device", default=DEFAULT_OPTIONS.device)
+    add_backend_flag(serve)
     serve.add_argument("--max-queue-len", type=int, default=16, help="waiting requests before 429")
     serve.add_argument("--uvicorn-log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=run_serve)
@@ -95,6 +97,7 @@ class ServeOptions:
     draft_quant: QuantMode = "none"
     device: str = DEFAULT_OPTIONS.device
     max_seq_len: int = DEFAULT_OPTIONS.max_seq_len  # --max-model-len
+    backend: str = DEFAULT_OPTIONS.backend
 
     @property
     def engine(self) -> EngineOptions:
@@ -120,7 +123,16 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     name = args.served_model_name or target
     dtype = VLLM_DTYPES[args.dtype]
     return ServeOptions(
-        target, draft, gamma, dtype, name, args.quantization, draft_quant, args.device, args.max_model_len
+        target,
+        draft,
+        gamma,
+        dtype,
+        name,
+        args.quantization,
+        draft_quant,
+        args.device,
+        args.max_model_len,
+        args.backend,
     )
 
 

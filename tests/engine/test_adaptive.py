@@ -1,5 +1,7 @@
 """Adaptive speculation length: decisions from measured costs and acceptance, and still exact."""
 
+import pytest
+
 from engine.adaptive import AUTO_MAX_GAMMA, PROBE_EVERY, DraftLength, SpeculationStats
 from engine.sampling import SamplingParams
 from tests.fakes import tiny_engine
@@ -30,17 +32,39 @@ def test_auto_drafts_while_the_expected_gain_beats_the_cost() -> None:
     assert not length.should_draft(AUTO_MAX_GAMMA, 1.0, limit=20)
 
 
-def test_auto_falls_back_to_plain_decoding_but_keeps_probing() -> None:
-    # A draft as slow as the target, rarely right: drafting never pays.
+def test_auto_falls_back_to_plain_decoding_and_probes_less_and_less() -> None:
+    # A cheap draft that is rarely right: drafting does not pay now, but would on more predictable text.
+    length = DraftLength.parse("auto", stats_with(0.010, 0.100, 0.05))
+    decisions = [length.should_draft(0, 1.0, limit=20) for _ in range(7 * PROBE_EVERY)]
+    probes = [i + 1 for i, drafted in enumerate(decisions) if drafted]
+    assert probes == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]  # 8, then 16, then 32 blocks apart
+    length.stats.acceptance.value = 0.9  # the text became predictable (a probe was accepted)
+    assert length.should_draft(0, 1.0, limit=20) and length.stats.probe_every == PROBE_EVERY
+
+
+def test_auto_never_probes_where_drafting_cannot_pay() -> None:
+    # A draft as slow as the target: even a draft that is always right would not pay.
     length = DraftLength.parse("auto", stats_with(0.100, 0.100, 0.2))
-    decisions = [length.should_draft(0, 1.0, limit=20) for _ in range(3 * PROBE_EVERY)]
-    assert decisions.count(True) == 3  # one probe every PROBE_EVERY blocks
-    assert decisions[PROBE_EVERY - 1] and not any(decisions[: PROBE_EVERY - 1])
+    assert not any(length.should_draft(0, 1.0, limit=20) for _ in range(10 * PROBE_EVERY))
 
 
-def test_auto_is_exact_and_adapts_per_block() -> None:
+def test_the_verify_cost_table_is_interpolated_by_size() -> None:
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.060, 2: 0.110, 3: 0.150, 5: 0.210, 9: 0.370}, draft_step_s=0.025)
+    assert stats.target_step_s() == 0.060 and stats.verify_s(4) == 0.180
+    assert abs((stats.verify_s(12) or 0) - 0.490) < 1e-9  # past the largest: the last slope
+    stats.record(0, 0, 0.0, 0.070)  # a plain block measured slower than calibrated moves the estimate
+    assert 0.060 < (stats.target_step_s() or 0) < 0.070
+    stats.record(2, 1, 0.05, 0.400, n_rows=66)  # a first block with a 64-id prompt tail: its own size
+    assert stats.verify_s(3) == 0.150
+
+
+def test_auto_is_exact_and_adapts_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
     plain = tiny_engine("qwen2-bias", draft=None, seed=6, init_std=0.1)
     auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    # Costs of a large target and a small draft (the tiny pair's own are alike: drafting would never pay)
+    auto.speculation.calibrate({1: 0.100, 9: 0.100}, draft_step_s=0.010)
+    monkeypatch.setattr(auto.speculation, "record", lambda *args, **kwargs: None)
     params = SamplingParams(max_new_tokens=60)
     for prompt in ([1, 2, 3], [7, 70, 17, 71]):
         expected = [t for b in plain.new_conversation().generate(prompt, params) for t in b.token_ids]

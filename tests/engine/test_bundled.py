@@ -14,30 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.generate import FUSED_PREFILL, Engine, ModelState, _prefill_state
+from engine.generate import Engine
 from engine.load import chat_prompt, load_engine, load_tokenizer
 from engine.models import converted_dir
-from engine.sampling import SamplingParams
 from engine.weights import load_checkpoint
+from tests.support.bundled import DRAFT, QUESTIONS, TARGET, TINY, greedy_ids, plain_path_logits
 
 pytestmark = pytest.mark.bundled
 
-TARGET, DRAFT, TINY = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
-# Questions a voice agent hears, and one coding task; none of them was used to tune anything.
-QUESTIONS = [
-    "How do I reverse a string in JavaScript?",
-    "What's a good name for a black cat?",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "Why do onions make people cry?",
-    "Summarise what a hash map is in one sentence.",
-    "List the planets of the solar system in order.",
-]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def greedy_ids(engine: Engine, prompt: list[int], gamma: int, n: int) -> list[int]:
-    blocks = engine.new_conversation().generate(prompt, SamplingParams(max_new_tokens=n), gamma=gamma)
-    return [t for block in blocks for t in block.token_ids]
 
 
 def prompts(engine: Engine, questions: list[str]) -> Iterator[list[int]]:
@@ -66,24 +51,6 @@ def test_fp32_speculative_equals_the_target_alone(fp32_pair: Engine) -> None:
 def bf16_step(logit: float) -> float:
     """The spacing of bf16 numbers around `logit` (8 significant bits)."""
     return 2.0 ** (math.floor(math.log2(abs(logit))) - 7)
-
-
-def plain_path_logits(engine: Engine, prompt: list[int], generated: list[int]) -> torch.Tensor:
-    """The target's logits after prompt + generated, fed in the very forwards plain decoding runs: [V].
-
-    In bf16 a forward's rounding depends on how many ids it holds (on AVX2 the matrix kernels block and
-    accumulate differently by row count), so the keys of a prompt prefilled in one forward differ from
-    those of the same prompt split as plain decoding splits it. The schedule is the engine's own: the
-    prompt but its last FUSED_PREFILL ids in PREFILL_CHUNK chunks, those ids with the first step, then one
-    id a step.
-    """
-    state = ModelState(engine.target, engine.target.new_cache())
-    _prefill_state(state, prompt, leave=FUSED_PREFILL)
-    logits = state.feed(prompt[state.valid :], state.valid, "last")
-    for position, token in enumerate(generated, start=len(prompt)):
-        logits = state.feed([token], position, "last")
-    assert logits is not None
-    return logits[0]
 
 
 def test_bf16_divergences_are_near_ties(bf16_pair: Engine) -> None:

@@ -71,5 +71,5 @@ def test_two_replies_on_one_engine_take_turns_block_by_block() -> None:
 def test_the_settings_name_the_engine_to_load() -> None:
     settings = Settings(draft="none", max_seq_len=512)
     expected = EngineOptions(settings.target, None, max_seq_len=512, gamma=settings.gamma,
-                             draft_quant=settings.draft_quant)  # fmt: skip
+                             draft_quant=settings.draft_quant, backend=settings.backend)  # fmt: skip
     assert EngineOptions.from_attributes(settings) == expected

@@ -1,0 +1,203 @@
+"""One call of `Conversation.generate`: prefill, then draft / verify / commit blocks until a limit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from engine.adaptive import DraftLength
+from engine.detokenize import TextStream
+from engine.metrics import BlockTiming, GenerationStats
+from engine.model import LogitsMode
+from engine.sampling import SamplingParams, sample, warp_probs
+from engine.speculative import Verdict, verify_greedy, verify_sampled
+from engine.state import FUSED_PREFILL, CommittedBlock, prefill_state
+
+if TYPE_CHECKING:
+    from engine.generate import Conversation
+
+
+class Generation:
+    """One call of `Conversation.generate`: prefill, then draft/verify/commit blocks."""
+
+    def __init__(
+        self,
+        conv: Conversation,
+        prompt: list[int],
+        params: SamplingParams,
+        draft_length: DraftLength,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.conv, self.params, self.draft_length, self.cancel = conv, params, draft_length, cancel
+        self.engine = conv.engine
+        self.clock = self.engine.clock
+        self.prompt = prompt
+        self.text = TextStream(self.engine.tokenizer, params.stop)
+        self.generator = torch.Generator(device=self.engine.target.device)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+        self.stats = GenerationStats(
+            n_prompt_tokens=len(prompt), accepted_per_position=[0] * draft_length.max_gamma
+        )
+
+    def run(self) -> Iterator[CommittedBlock]:
+        started = self.clock()
+        if self.draft_length.adaptive and not self.engine.speculation.calibrated:
+            self.engine.calibrate()  # once per engine (load_engine does it at load for gamma "auto")
+        self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
+        # The target's last prompt ids go with its first verification: one forward fewer. The draft gains
+        # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting.
+        for state in self.conv.states:
+            if not self._cancelled():
+                leave = FUSED_PREFILL if state is self.conv.target else 1
+                prefill_state(state, self.conv.tokens, leave=leave)
+        self.stats.prefill_s = self.clock() - started
+        while True:
+            step = None if self._cancelled() else self._step()
+            if step is None:
+                yield self._finish(self._empty_block(), "cancelled", started)
+                return
+            block, finish_reason = step
+            if self.stats.n_blocks == 1:
+                self.stats.ttft_s = self.clock() - started
+            if finish_reason is not None:
+                yield self._finish(block, finish_reason, started)
+                return
+            yield block
+
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def _step(self) -> tuple[CommittedBlock, str | None] | None:
+        """Drafts, verifies and commits one block; returns it and the finish reason, if any (None: the
+        generation was cancelled while drafting, and nothing was committed)."""
+        tokens = self.conv.tokens
+        n_before = len(tokens)
+        remaining = self.params.max_new_tokens - self.stats.n_generated
+        cache_room = self.conv.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
+        limit = max(0, min(remaining - 1, cache_room))
+        t0 = self.clock()
+        draft_tokens, draft_probs = self._propose(limit)
+        if self._cancelled():
+            return None
+        gamma = draft_tokens.shape[0]
+        n_rows = n_before - self.conv.target.valid + gamma  # pending ids (1, 2, or a prompt's tail) + drafts
+        t1 = self.clock()
+        verdict = self._verify(draft_tokens, draft_probs)
+        t2 = self.clock()
+        committed = [*draft_tokens.tolist()[: verdict.n_accepted], verdict.next_token]
+        self._commit(committed, verdict, gamma)
+        committed, finish_reason = self._apply_limits(committed, n_before)
+        text = self.text.push(committed, final=finish_reason is not None)
+        if self.text.stopped:
+            finish_reason = "stop"
+        self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
+        self.engine.speculation.record(gamma, verdict.n_accepted, t1 - t0, t2 - t1, n_rows)
+        timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
+        block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
+        return block, finish_reason
+
+    def _propose(self, limit: int) -> tuple[Tensor, Tensor | None]:
+        """Runs the draft while the draft length says so (at most `limit` tokens).
+
+        Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
+        """
+        device = self.engine.target.device
+        drafted: list[Tensor] = []
+        probs: list[Tensor] = []
+        draft = self.conv.draft
+        confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
+        while (
+            draft is not None
+            and not self._cancelled()
+            and self.draft_length.should_draft(len(drafted), confidence, limit)
+        ):
+            tokens = self.conv.tokens
+            if drafted:
+                logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
+            else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
+                logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
+            assert logits is not None  # [1, V]
+            if self.params.greedy:
+                token = logits.argmax(dim=-1)
+                token_prob = logits.softmax(dim=-1)[0, token] if self.draft_length.adaptive else None
+            else:
+                q = warp_probs(logits, self.params)  # [1, V]
+                token = sample(q, self.generator)
+                probs.append(q)
+                token_prob = q[0, token]
+            drafted.append(token)
+            if token_prob is not None:
+                confidence *= float(token_prob)
+        if not drafted:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        return torch.cat(drafted), (torch.cat(probs) if probs else None)
+
+    def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
+        target = self.conv.target
+        tokens = self.conv.tokens
+        pending = torch.tensor(tokens[target.valid :], dtype=torch.long, device=draft_tokens.device)
+        n_logits = draft_tokens.shape[0] + 1
+        # Usually one pending id (two after a fully accepted block); the prompt's tail on the first block.
+        mode: LogitsMode | int = "all" if pending.shape[0] <= 2 else n_logits
+        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, mode)
+        assert logits is not None
+        logits = logits[-n_logits:]  # [G+1, V]
+        if self.params.greedy:
+            return verify_greedy(draft_tokens, logits)
+        p = warp_probs(logits, self.params)
+        if draft_probs is None:
+            return Verdict(0, int(sample(p, self.generator).item()))
+        return verify_sampled(draft_tokens, draft_probs, p, self.generator)
+
+    def _commit(self, committed: list[int], verdict: Verdict, gamma: int) -> None:
+        n_before = len(self.conv.tokens)
+        self.conv.tokens.extend(committed)
+        # The target was fed the last committed id and every draft; the accepted ones are now committed.
+        self.conv.target.valid = n_before + verdict.n_accepted
+        if self.conv.draft is not None and gamma > 0:
+            # The draft was fed the committed ids and drafts 1..gamma-1 (never its last draft).
+            self.conv.draft.valid = n_before + min(verdict.n_accepted, gamma - 1)
+
+    def _apply_limits(self, committed: list[int], n_before: int) -> tuple[list[int], str | None]:
+        """Cuts the block at an EOS or the token budget; returns the kept ids and a finish reason."""
+        finish_reason = None
+        if not self.params.ignore_eos:
+            for i, token in enumerate(committed):
+                if token in self.engine.eos_ids:
+                    committed, finish_reason = committed[: i + 1], "stop"
+                    break
+        remaining = self.params.max_new_tokens - self.stats.n_generated
+        if finish_reason is None and len(committed) >= remaining:
+            committed, finish_reason = committed[:remaining], "length"
+        if finish_reason is None and n_before + len(committed) >= self.conv.max_seq_len:
+            finish_reason = "length"  # the KV cache is full
+        if n_before + len(committed) < len(self.conv.tokens):
+            self.conv.truncate(n_before + len(committed))
+        return committed, finish_reason
+
+    def _empty_block(self) -> CommittedBlock:
+        timing = BlockTiming(draft_s=0.0, verify_s=0.0, committed_at=self.clock())
+        return CommittedBlock((), "", 0, 0, len(self.conv.tokens), timing)
+
+    def _finish(self, block: CommittedBlock, reason: str, started: float) -> CommittedBlock:
+        self.stats.total_s = self.clock() - started
+        self.stats.finish_reason = reason
+        stats = self.stats.snapshot()
+        self.engine.metrics.add(stats)
+        return CommittedBlock(
+            block.token_ids,
+            block.text,
+            block.n_drafted,
+            block.n_accepted,
+            block.position,
+            block.timing,
+            finish_reason=reason,
+            stats=stats,
+        )

@@ -1,0 +1,78 @@
+"""A model's view of a conversation (its cache and how much of it is valid) and the committed block.
+
+Shapes: T = ids in a forward, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.ggml import GgmlCache, GgmlModel
+from engine.graphs import StaticForwards
+from engine.metrics import BlockTiming, GenerationStats
+from engine.model import KVCache, LogitsMode, Transformer
+
+Clock = Callable[[], float]
+Model = Transformer | GgmlModel  # the same forward on PyTorch's kernels or on llama.cpp's (engine/ggml.py)
+PREFILL_CHUNK = 512  # bounds the [T, S] attention mask and activations of a long prompt
+FUSED_PREFILL = 64  # a prompt's last ids (up to this many) reach the target with its first verification
+
+
+@dataclass(frozen=True)
+class CommittedBlock:
+    """Tokens the target has committed in one verification (accepted drafts + one recovered/bonus)."""
+
+    token_ids: tuple[int, ...]
+    text: str  # the text these tokens add (may hold back a partial character or stop-string prefix)
+    n_drafted: int
+    n_accepted: int
+    position: int  # index in the conversation of the block's first token
+    timing: BlockTiming
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last block
+    stats: GenerationStats | None = None  # on the last block
+
+
+@dataclass
+class ModelState:
+    """One model's view of a conversation: its cache and how many committed ids it holds."""
+
+    model: Model
+    cache: KVCache | GgmlCache
+    valid: int = 0
+    static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
+
+    @torch.inference_mode()
+    def feed(self, tokens: Sequence[int] | Tensor, start: int, logits: LogitsMode | int) -> Tensor | None:
+        """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V], the last k or None).
+
+        `tokens` may already be a device tensor (drafted ids), which avoids a host round trip. With static
+        forwards the logits may be a reused buffer: consume them before the next `feed`.
+        """
+        device = self.model.device
+        ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=device)
+        n_tokens = ids.shape[0]
+        if self.static is not None and logits in ("all", "last") and self.static.fits(n_tokens):  # decode
+            return self.static(ids, start, logits)
+        positions = torch.arange(start, start + n_tokens, device=device)
+        return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
+
+    @classmethod
+    def create(cls, model: Model, static_shapes: bool, max_seq_len: int | None = None) -> ModelState:
+        cache = model.new_cache(max_seq_len)
+        static = None
+        if static_shapes and isinstance(model, Transformer) and isinstance(cache, KVCache):  # CUDA graphs
+            static = StaticForwards(model, cache)
+        return cls(model, cache, static=static)
+
+
+def prefill_state(state: ModelState, tokens: list[int], leave: int = 1) -> None:
+    """Feeds the ids the state has not cached yet, all but the last `leave` (>= 1: the last id's logits
+    start the first block, which may as well carry a few more ids than that)."""
+    end = len(tokens) - leave
+    for start in range(state.valid, end, PREFILL_CHUNK):
+        state.feed(tokens[start : min(end, start + PREFILL_CHUNK)], start, "none")
+    state.valid = max(state.valid, end)
