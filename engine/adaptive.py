@@ -95,6 +95,11 @@ class SpeculationStats:
             (n0, s0), (n1, s1) = below[-2:] if below else above[:2]
         return max(s0 + (s1 - s0) * (n_rows - n0) / (n1 - n0), 1e-6)
 
+    def forwards_grow_with_ids(self) -> bool:
+        """True where a target forward of 9 ids costs over twice a one-id step (compute-bound: a CPU)."""
+        one, nine = self.verify_s(1), self.verify_s(9)
+        return one is not None and nine is not None and nine > 2 * one
+
     def target_step_s(self) -> float | None:
         """One-id target forward: a plain decoding step."""
         return self.verify_s(1)
@@ -115,6 +120,13 @@ class DraftLength:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
         return cls(gamma, stats)
+
+    def may_draft(self) -> bool:
+        """Could a block draft at all? False for gamma 0, and for "auto" where no text could make
+        drafting pay on the measured costs (then the draft need not even be fed the prompt)."""
+        if not self.adaptive:
+            return self.max_gamma > 0
+        return self._block_pays(self.max_gamma, BEST_ACCEPTANCE)
 
     def should_draft(self, n_drafted: int, confidence: float, limit: int) -> bool:
         """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences."""

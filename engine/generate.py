@@ -93,16 +93,20 @@ class Conversation:
         """Caches the keys of `prompt_ids` (all but the last id) ahead of a `generate` that will start
         with them, e.g. the words a user has said so far. Returns how many ids were cached already.
 
-        `draft_only`: the draft's forward costs grow with the number of ids (compute-bound on a CPU), the
-        target's barely do for a few dozen (memory-bound), so ahead of time it pays to feed the draft only;
-        the target takes the ids with its first verification.
+        `draft_only`: on a GPU the target's forward costs barely grow for a few dozen ids (memory-bound),
+        so ahead of time it pays to feed the draft only, and the target takes the ids with its first
+        verification. Where the target's forwards do grow with the ids (compute-bound: every CPU measured
+        here, `SpeculationStats.forwards_grow_with_ids`) or there is no draft, the target is fed too.
         """
         prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is generating; prefill it before or after")
         try:
             cached = self.reuse_prefix(prompt)
-            for state in self.states[1:] if draft_only else self.states:
+            ahead = self.states
+            if draft_only and self.draft is not None and not self.engine.speculation.forwards_grow_with_ids():
+                ahead = self.states[1:]
+            for state in ahead:
                 prefill_state(state, self.tokens)
             return cached
         finally:

@@ -37,6 +37,7 @@ class Generation:
         self.clock = self.engine.clock
         self.prompt = prompt
         self.text = TextStream(self.engine.tokenizer, params.stop)
+        self._catch_up_s = 0.0  # this block's draft catch-up on committed ids (not drafting)
         self.generator = torch.Generator(device=self.engine.target.device)
         if params.seed is None:
             self.generator.seed()
@@ -52,8 +53,11 @@ class Generation:
             self.engine.calibrate()  # once per engine (load_engine does it at load for gamma "auto")
         self.stats.n_cached_prompt_tokens = self.conv.reuse_prefix(self.prompt)
         # The target's last prompt ids go with its first verification: one forward fewer. The draft gains
-        # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting.
-        for state in self.conv.states:
+        # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting. A
+        # draft that will not run (drafting cannot pay on this machine's costs) is not fed at all: should
+        # a probe run it, it catches up then.
+        states = self.conv.states if self.draft_length.may_draft() else [self.conv.target]
+        for state in states:
             if not self._cancelled():
                 leave = FUSED_PREFILL if state is self.conv.target else 1
                 prefill_state(state, self.conv.tokens, leave=leave)
@@ -89,6 +93,7 @@ class Generation:
         gamma = draft_tokens.shape[0]
         n_rows = n_before - self.conv.target.valid + gamma  # pending ids (1, 2, or a prompt's tail) + drafts
         t1 = self.clock()
+        drafting_s = t1 - t0 - self._catch_up_s  # what the drafted tokens cost, not the catch-up
         verdict = self._verify(draft_tokens, draft_probs)
         t2 = self.clock()
         committed = [*draft_tokens.tolist()[: verdict.n_accepted], verdict.next_token]
@@ -98,7 +103,7 @@ class Generation:
         if self.text.stopped:
             finish_reason = "stop"
         self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
-        self.engine.speculation.record(gamma, verdict.n_accepted, t1 - t0, t2 - t1, n_rows)
+        self.engine.speculation.record(gamma, verdict.n_accepted, drafting_s, t2 - t1, n_rows)
         timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
         block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
         return block, finish_reason
@@ -113,6 +118,7 @@ class Generation:
         probs: list[Tensor] = []
         draft = self.conv.draft
         confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
+        self._catch_up_s = 0.0
         while (
             draft is not None
             and not self._cancelled()
@@ -121,7 +127,11 @@ class Generation:
             tokens = self.conv.tokens
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
-            else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block)
+            else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
+                # more after plain blocks, which do not run the draft)
+                started = self.clock()
+                prefill_state(draft, tokens)
+                self._catch_up_s = self.clock() - started
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
             if self.params.greedy:
