@@ -55,6 +55,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "VOICEAGENT_TARGET": SMOL,
         "VOICEAGENT_DRAFT": SMOL,
         "VOICEAGENT_DRAFT_QUANT": "none",
+        # SmolLM2 drafting for itself never pays, so "auto" would not draft: a fixed length shows drafting
+        "VOICEAGENT_GAMMA": "4",
         "VOICEAGENT_API_KEY": API_KEY,
     }
     command = [sys.executable, "-m", "voiceagent", "serve", "--host", "127.0.0.1", "--port", str(port)]
