@@ -17,7 +17,9 @@ token drafted anyway) keeps the acceptance tracking a conversation whose text be
 but a probe is not free: the draft first catches up on every id committed since it last ran. So probes
 come after PROBE_EVERY plain blocks, then twice as far apart after each probe that did not make drafting
 pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if every token were accepted
-(a draft as slow as the target, or a verify of 2 ids costing two steps).
+(a draft as slow as the target, or a verify of 2 ids costing two steps). The model is checked against what
+the drafting blocks really cost per committed token: when that is more than a plain step, blocks are plain
+(with probes) until it is not.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class SpeculationStats:
     acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7))
     skipped: int = 0  # plain blocks since the last probe
     probe_every: int = PROBE_EVERY  # plain blocks between probes (doubles while probes find no gain)
+    # Seconds per committed token of the blocks that drafted, as they ran: the check on the cost model
+    # (a table timed at load on another context length, an acceptance that drifts) that stops drafting
+    # when drafting is in fact slower than plain steps.
+    drafted_token_s: RunningMean = field(default_factory=RunningMean)
     calibrated: bool = False
 
     def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None) -> None:
@@ -67,6 +73,7 @@ class SpeculationStats:
     ) -> None:
         """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id)."""
         if n_drafted:
+            self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1))
             self.draft_step.add(draft_s / n_drafted)
             # Per-token acceptance over the tokens that had a chance (none after the first rejection).
             self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
@@ -141,7 +148,7 @@ class DraftLength:
 
     def _start_block(self, most: int) -> bool:
         stats = self.stats
-        if self._block_pays(most):
+        if self._block_pays(most) and not self._drafting_measured_slower():
             stats.skipped, stats.probe_every = 0, PROBE_EVERY
             return True
         if not self._block_pays(most, BEST_ACCEPTANCE):
@@ -151,6 +158,11 @@ class DraftLength:
             return False
         stats.skipped, stats.probe_every = 0, min(2 * stats.probe_every, MAX_PROBE_EVERY)
         return True
+
+    def _drafting_measured_slower(self) -> bool:
+        """Did the blocks that drafted commit their tokens more slowly than plain steps would have?"""
+        drafted, plain = self.stats.drafted_token_s.value, self.stats.target_step_s()
+        return drafted is not None and plain is not None and drafted > plain
 
     def _costs(self) -> tuple[float, float, float] | None:
         target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step.value

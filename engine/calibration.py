@@ -41,7 +41,7 @@ def _fastest(clock: Clock, state: ModelState, n_ids: int, repeats: int = REPEATS
 def measure_costs(
     target: Model, draft: Model | None, clock: Clock, rows: Iterable[int] = CALIBRATION_ROWS
 ) -> tuple[dict[int, float], float | None]:
-    """Seconds of a target forward by number of ids, and of one draft step (None without a draft)."""
+    """Seconds of a target forward by number of ids, and of one draft step (None without a draft model)."""
     sizes = sorted(set(rows))
     state = _scratch(target, CONTEXT + sizes[-1] + 1)
     _fastest(clock, state, 1, repeats=1)  # warm-up

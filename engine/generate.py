@@ -130,7 +130,7 @@ class Conversation:
         params = params or SamplingParams()
         requested = self.engine.gamma if gamma is None else gamma
         draft_length = DraftLength.parse(requested, self.engine.speculation)  # validates it
-        if self.draft is None:
+        if self.draft is None and not self.engine.ngram_drafts:
             draft_length = DraftLength(0, self.engine.speculation)
         prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)  # errors surface here, at once
         return self._stream(prompt, params, draft_length, cancel)
@@ -163,6 +163,9 @@ class Conversation:
         return self.target.valid
 
 
+NGRAM_STEP_S = 1e-5  # what a prompt-lookup proposal costs, for the adaptive length (no forward)
+
+
 class Engine:
     """A target model, an optional draft sharing its vocabulary, a tokenizer, and a default conversation."""
 
@@ -176,7 +179,11 @@ class Engine:
         gamma: int | str = 4,
         static_shapes: bool = False,
         clock: Clock = time.perf_counter,
+        ngram_drafts: bool = False,
     ) -> None:
+        """`ngram_drafts`: draft by prompt lookup (engine/ngram.py) instead of a draft model (give none)."""
+        if ngram_drafts and draft is not None:
+            raise ValueError("n-gram drafts replace the draft model: give draft=None with ngram_drafts")
         if draft is not None and draft.args.vocab_size != target.args.vocab_size:
             raise ValueError(
                 f"the draft's vocabulary ({draft.args.vocab_size} ids) differs from the target's "
@@ -189,6 +196,7 @@ class Engine:
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.gamma = gamma
+        self.ngram_drafts = ngram_drafts
         # Decode steps through fixed-shape forwards: captured as CUDA graphs on a GPU (eager elsewhere).
         self.static_shapes = static_shapes
         self.clock = clock
@@ -204,12 +212,12 @@ class Engine:
         on scratch caches; the adaptive policy starts from these figures (engine/calibration.py)."""
         from engine.calibration import measure_costs
 
-        if self.draft is None:
+        if self.draft is None and not self.ngram_drafts:
             self.speculation.calibrated = True
             return
         with torch.inference_mode():
             verify_s, draft_step_s = measure_costs(self.target, self.draft, self.clock)
-        self.speculation.calibrate(verify_s, draft_step_s)
+        self.speculation.calibrate(verify_s, NGRAM_STEP_S if self.ngram_drafts else draft_step_s)
 
     def new_conversation(self, max_seq_len: int | None = None) -> Conversation:
         return Conversation(self, max_seq_len)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from engine import ngram
 from engine.adaptive import DraftLength
 from engine.detokenize import TextStream
 from engine.metrics import BlockTiming, GenerationStats
@@ -114,11 +115,13 @@ class Generation:
         Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
         """
         device = self.engine.target.device
+        self._catch_up_s = 0.0
+        if self.engine.ngram_drafts:
+            return self._propose_ngram(limit)
         drafted: list[Tensor] = []
         probs: list[Tensor] = []
         draft = self.conv.draft
         confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
-        self._catch_up_s = 0.0
         while (
             draft is not None
             and not self._cancelled()
@@ -148,6 +151,21 @@ class Generation:
         if not drafted:
             return torch.empty(0, dtype=torch.long, device=device), None
         return torch.cat(drafted), (torch.cat(probs) if probs else None)
+
+    def _propose_ngram(self, limit: int) -> tuple[Tensor, Tensor | None]:
+        """Prompt-lookup drafts (engine/ngram.py), as many as the draft length takes: [G], and when
+        sampling their draft distributions q [G, V], one-hot (the proposal is certain)."""
+        device = self.engine.target.device
+        candidates = ngram.propose(self.conv.tokens, min(limit, self.draft_length.max_gamma))
+        n = 0
+        while n < len(candidates) and self.draft_length.should_draft(n, 1.0, limit):
+            n += 1
+        drafted = torch.tensor(candidates[:n], dtype=torch.long, device=device)
+        if self.params.greedy or n == 0:
+            return drafted, None
+        q = torch.zeros(n, self.engine.target.args.vocab_size, device=device)
+        q[torch.arange(n, device=device), drafted] = 1.0
+        return drafted, q
 
     def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
         target = self.conv.target

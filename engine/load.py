@@ -14,7 +14,7 @@ from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
-from engine.options import EngineOptions, parse_dtype
+from engine.options import NGRAM_DRAFT, EngineOptions, parse_dtype
 from engine.quant import QuantMode, quantize
 from engine.weights import load_checkpoint
 
@@ -70,7 +70,8 @@ def load_engine(
         raise ValueError("give load_engine EngineOptions or a target with settings, not both")
     torch_dtype = parse_dtype(options.dtype)
     target_dir = resolve(options.target, log=log)
-    draft_dir = resolve(options.draft, log=log) if options.draft is not None else None
+    ngram_drafts = options.draft == NGRAM_DRAFT
+    draft_dir = resolve(options.draft, log=log) if options.draft not in (None, NGRAM_DRAFT) else None
     tokenizer = load_tokenizer(target_dir)
     if draft_dir is not None:
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
@@ -88,7 +89,7 @@ def load_engine(
     if options.backend == "ggml":
         target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
         draft_model = None
-        if options.draft is not None:
+        if draft_dir is not None and options.draft is not None:
             draft_model = GgmlModel(resolve_gguf(options.draft, log=log), options.max_seq_len)
     else:
         target_model = load(target_dir, options.quant)
@@ -104,8 +105,9 @@ def load_engine(
         gamma=options.gamma,
         static_shapes=static_shapes,
         clock=clock,
+        ngram_drafts=ngram_drafts,
     )
-    if options.gamma == "auto" and draft_model is not None:
+    if options.gamma == "auto" and (draft_model is not None or ngram_drafts):
         engine.calibrate()  # the adaptive length's cost table, timed once here rather than in a first reply
     return engine
 

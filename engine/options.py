@@ -10,6 +10,7 @@ from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.quant import QUANT_MODES, QuantMode
 
 BACKENDS = ("torch", "ggml")
+NGRAM_DRAFT = "ngram"  # the draft "model" that drafts by prompt lookup (engine/ngram.py)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -25,10 +26,11 @@ class EngineOptions:
     engine does not have (a bad `gamma` is refused by the engine itself).
 
     `target` and `draft` are bundled names, checkpoint directories or .gguf files (`draft` None: plain
-    decoding). `gamma` is the number of drafted tokens per block, or "auto" (adaptive). `quant` /
-    `draft_quant` store the target's / draft's linear layers as int8 or int4 (CPU) or fp8 (Hopper): a
-    quantised draft never changes the output, a quantised target is a different target. `static_shapes`
-    (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA graphs on a GPU.
+    decoding; "ngram": drafts by prompt lookup from the conversation itself, no draft model). `gamma` is
+    the number of drafted tokens per block, or "auto" (adaptive). `quant` / `draft_quant` store the
+    target's / draft's linear layers as int8 or int4 (CPU) or fp8 (Hopper): a quantised draft never
+    changes the output, a quantised target is a different target. `static_shapes` (None: on for CUDA)
+    runs decode steps as fixed-shape forwards, captured as CUDA graphs on a GPU.
     `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py), the
     fastest exact CPU path measured here; dtype and quantisation are then the files' own.
     """

@@ -3,7 +3,8 @@
     python -m engine.bench.cpu_backends [--limit N] [--max-new-tokens 64] [--torch]
 
 Per prompt, interleaved: llama.cpp's own greedy generation (llama-cpp-python `Llama`), the engine's plain
-decoding on the ggml backend, its speculative decoding there (the 0.5B GGUF draft, adaptive length), and
+decoding on the ggml backend, its speculative decoding there (the 0.5B GGUF draft, adaptive length; and
+prompt-lookup drafts, no draft model), and
 with --torch the PyTorch int4 target (plain). Then forward costs by number of ids (what a verify costs)
 and prefill of 16/32/64 new ids on both. tok/s: generated tokens over the whole call (prefill included);
 decode tok/s: tokens after the first over the time after the first. The last line is one JSON object.
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = prompts[: args.limit]
     threads = torch.get_num_threads()
     ggml = load_engine(args.target, args.draft, backend="ggml", gamma="auto", max_seq_len=2048)
+    lookup = load_engine(args.target, "ngram", backend="ggml", gamma="auto", max_seq_len=2048)
     llama = LlamaCpp(resolve_gguf(args.target), threads, n_ctx=2048)
     torch_int4 = load_engine(args.target, None, quant="int4", max_seq_len=2048) if args.torch else None
     tokenizer, eos = ggml.tokenizer, sorted(ggml.eos_ids)
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "llama.cpp": lambda p: (llama.generate(p, args.max_new_tokens, eos), None),
         "ggml plain": lambda p: engine_generate(ggml, p, args.max_new_tokens, 0),
         "ggml spec auto": lambda p: engine_generate(ggml, p, args.max_new_tokens, "auto"),
+        "ggml ngram auto": lambda p: engine_generate(lookup, p, args.max_new_tokens, "auto"),
     }
     if torch_int4 is not None:
         contenders["torch int4 plain"] = lambda p: engine_generate(torch_int4, p, args.max_new_tokens, 0)
@@ -119,9 +122,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["plain_equals_llama_cpp"] = (
             results["ggml plain"][0].token_ids == results["llama.cpp"][0].token_ids
         )
-        row["spec_equals_plain"] = (
-            results["ggml spec auto"][0].token_ids == results["ggml plain"][0].token_ids
-        )
+        plain_ids = results["ggml plain"][0].token_ids
+        row["spec_equals_plain"] = results["ggml spec auto"][0].token_ids == plain_ids
+        row["ngram_equals_plain"] = results["ggml ngram auto"][0].token_ids == plain_ids
         rows.append(row)
         print(
             "  ".join(f"{n}: {row[n]['tok_s']:.2f}" for n in contenders),

@@ -48,6 +48,16 @@ def test_auto_never_probes_where_drafting_cannot_pay() -> None:
     assert not any(length.should_draft(0, 1.0, limit=20) for _ in range(10 * PROBE_EVERY))
 
 
+def test_auto_stops_drafting_when_drafted_blocks_ran_slower_than_plain_steps() -> None:
+    length = DraftLength.parse("auto", stats_with(0.010, 0.100, 0.8))
+    assert length.should_draft(0, 1.0, limit=20)  # the cost model says drafting pays
+    for _ in range(30):  # ... but blocks of 4 drafts committed 1 token in 0.2 s: twice a plain step
+        length.stats.record(4, 0, 0.05, 0.150)
+        length.stats.record(0, 0, 0.0, 0.100)
+    length.stats.acceptance.value = 0.8
+    assert not length.should_draft(0, 1.0, limit=20)
+
+
 def test_the_verify_cost_table_is_interpolated_by_size() -> None:
     stats = SpeculationStats()
     stats.calibrate({1: 0.060, 2: 0.110, 3: 0.150, 5: 0.210, 9: 0.370}, draft_step_s=0.025)
