@@ -129,11 +129,11 @@ class DraftLength:
         return cls(gamma, stats)
 
     def may_draft(self) -> bool:
-        """Could a block draft at all? False for gamma 0, and for "auto" where no text could make
-        drafting pay on the measured costs (then the draft need not even be fed the prompt)."""
+        """Will the next block draft? False for gamma 0, and for "auto" while blocks are plain steps (the
+        draft need not even be fed the prompt then: a probe catches it up)."""
         if not self.adaptive:
             return self.max_gamma > 0
-        return self._block_pays(self.max_gamma, BEST_ACCEPTANCE)
+        return self._block_pays(self.max_gamma) and not self._drafting_measured_slower()
 
     def should_draft(self, n_drafted: int, confidence: float, limit: int) -> bool:
         """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences."""
