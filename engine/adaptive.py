@@ -133,7 +133,7 @@ class DraftLength:
         draft need not even be fed the prompt then: a probe catches it up)."""
         if not self.adaptive:
             return self.max_gamma > 0
-        return self._block_pays(self.max_gamma) and not self._drafting_measured_slower()
+        return self._drafting_pays(self.max_gamma)
 
     def should_draft(self, n_drafted: int, confidence: float, limit: int) -> bool:
         """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences."""
@@ -148,7 +148,7 @@ class DraftLength:
 
     def _start_block(self, most: int) -> bool:
         stats = self.stats
-        if self._block_pays(most) and not self._drafting_measured_slower():
+        if self._drafting_pays(most):
             stats.skipped, stats.probe_every = 0, PROBE_EVERY
             return True
         if not self._block_pays(most, BEST_ACCEPTANCE):
@@ -158,6 +158,10 @@ class DraftLength:
             return False
         stats.skipped, stats.probe_every = 0, min(2 * stats.probe_every, MAX_PROBE_EVERY)
         return True
+
+    def _drafting_pays(self, most: int) -> bool:
+        """Expected to pay on the cost model, and not measured slower than plain steps."""
+        return self._block_pays(most) and not self._drafting_measured_slower()
 
     def _drafting_measured_slower(self) -> bool:
         """Did the blocks that drafted commit their tokens more slowly than plain steps would have?"""

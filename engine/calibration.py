@@ -9,11 +9,10 @@ scratch caches (its conversations are untouched); the blocks then keep the figur
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from engine.generate import Model, ModelState
+from engine.state import Clock, Model, ModelState
 
-Clock = Callable[[], float]
 CALIBRATION_ROWS = (1, 2, 3, 5, 9)  # sizes timed; the others are interpolated (9 = AUTO_MAX_GAMMA + 1)
 CONTEXT = 32  # ids already cached when timing, as after a short prompt
 REPEATS = 2  # the fastest of these is kept (the first forward of a size may allocate)

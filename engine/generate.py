@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from engine.adaptive import DraftLength, SpeculationStats
+from engine.calibration import measure_costs
 from engine.detokenize import Tokenizer
 from engine.fair_lock import FairLock
 from engine.generation import Generation
@@ -210,8 +211,6 @@ class Engine:
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,
         on scratch caches; the adaptive policy starts from these figures (engine/calibration.py)."""
-        from engine.calibration import measure_costs
-
         if self.draft is None and not self.ngram_drafts:
             self.speculation.calibrated = True
             return
