@@ -72,12 +72,13 @@ class SpeculationStats:
         self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, n_rows: int | None = None
     ) -> None:
         """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id)."""
+        rows = n_drafted + 1 if n_rows is None else n_rows
         if n_drafted:
-            self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1))
+            if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
+                self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1))
             self.draft_step.add(draft_s / n_drafted)
             # Per-token acceptance over the tokens that had a chance (none after the first rejection).
             self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
-        rows = n_drafted + 1 if n_rows is None else n_rows
         self.verify.setdefault(rows, RunningMean()).add(verify_s)
 
     def _measured(self) -> list[tuple[int, float]]:

@@ -67,6 +67,7 @@ def test_the_verify_cost_table_is_interpolated_by_size() -> None:
     assert 0.060 < (stats.target_step_s() or 0) < 0.070
     stats.record(2, 1, 0.05, 0.400, n_rows=66)  # a first block with a 64-id prompt tail: its own size
     assert stats.verify_s(3) == 0.150
+    assert stats.drafted_token_s.value is None  # nor is its prefill counted as what drafting costs
 
 
 def test_auto_is_exact_and_adapts_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
