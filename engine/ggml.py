@@ -39,7 +39,7 @@ def _llama() -> Any:
     except ImportError as error:
         raise ImportError(
             "the ggml backend needs llama-cpp-python: `make setup` builds it (pip install "
-            "llama-cpp-python==0.3.36, ~10-20 min from source on 2 cores), or use --backend torch"
+            "llama-cpp-python==0.3.36, ~10 min from source on 2 cores), or use --backend torch"
         ) from error
     return llama_cpp
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
 from engine.models import converted_dir
 from engine.quant import quantize
@@ -88,8 +89,7 @@ def main() -> int:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     args = parser.parse_args()
     summary = {
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
+        "machine": cpu_description(),
         "kernel": kernel_table(),
         "forward": forward_profile(args.target),
     }
