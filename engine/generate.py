@@ -18,12 +18,14 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from engine import turn_end
 from engine.adaptive import DraftLength, SpeculationStats
 from engine.calibration import measure_costs
 from engine.detokenize import Tokenizer
 from engine.fair_lock import FairLock
 from engine.generation import Generation
 from engine.metrics import EngineMetrics
+from engine.proposal import Proposal
 from engine.sampling import SamplingParams
 from engine.state import (  # re-exported: the engine's types and its prefill schedule
     FUSED_PREFILL,
@@ -120,6 +122,7 @@ class Conversation:
         *,
         gamma: int | str | None = None,
         cancel: threading.Event | None = None,
+        proposal: Sequence[int] = (),
     ) -> Iterator[CommittedBlock]:
         """Streams committed blocks continuing `prompt_ids` (the whole conversation so far, as ids).
 
@@ -127,6 +130,9 @@ class Conversation:
         ignored without a draft model.
         `cancel` is checked between blocks, between drafted tokens and before verifying: once set, the
         stream ends with a 'cancelled' block (a cancelled block costs at most one draft step more).
+        `proposal`: ids the caller expects the reply to begin with (e.g. the reply it had started to a
+        slightly different prompt); the first blocks verify them as drafts (engine/proposal.py). The
+        output is the same with or without one; only its speed differs.
         """
         params = params or SamplingParams()
         requested = self.engine.gamma if gamma is None else gamma
@@ -134,7 +140,10 @@ class Conversation:
         if self.draft is None and not self.engine.ngram_drafts:
             draft_length = DraftLength(0, self.engine.speculation)
         prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)  # errors surface here, at once
-        return self._stream(prompt, params, draft_length, cancel)
+        vocab = self.engine.target.args.vocab_size
+        if any(not 0 <= int(i) < vocab for i in proposal):
+            raise ValueError(f"a proposed id is outside the vocabulary [0, {vocab})")
+        return self._stream(prompt, params, draft_length, cancel, Proposal(proposal) if proposal else None)
 
     def _stream(
         self,
@@ -142,11 +151,31 @@ class Conversation:
         params: SamplingParams,
         draft_length: DraftLength,
         cancel: threading.Event | None,
+        proposal: Proposal | None = None,
     ) -> Iterator[CommittedBlock]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is already generating; use one conversation per stream")
         try:
-            yield from Generation(self, prompt, params, draft_length, cancel).run()
+            yield from Generation(self, prompt, params, draft_length, cancel, proposal).run()
+        finally:
+            self._lock.release()
+
+    def end_of_turn_probability(
+        self, prompt_ids: Sequence[int], *, after_mark_power: float = turn_end.AFTER_MARK_POWER
+    ) -> float | None:
+        """P(the user's message is complete) after `prompt_ids`: the chat prompt up to and including the
+        user's words so far, cut before the id that would close their message (engine/turn_end.py).
+
+        Scored on the draft's cache (the target's without a draft); the words stay cached for the reply,
+        nothing fed past them is kept. None while the conversation generates (never waits for it).
+        `after_mark_power`: how much what follows a punctuation mark counts (turn_end's docstring).
+        """
+        words = self.engine.check_prompt(prompt_ids, self.max_seq_len)
+        marks = turn_end.turn_marks(self.engine.tokenizer)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return turn_end.end_of_turn_probability(self, words, marks, after_mark_power)
         finally:
             self._lock.release()
 

@@ -14,6 +14,7 @@ from engine.adaptive import DraftLength
 from engine.detokenize import TextStream
 from engine.metrics import BlockTiming, GenerationStats
 from engine.model import LogitsMode
+from engine.proposal import Proposal
 from engine.sampling import SamplingParams, sample, warp_probs
 from engine.speculative import Verdict, verify_greedy, verify_sampled
 from engine.state import FUSED_PREFILL, CommittedBlock, prefill_state
@@ -32,8 +33,11 @@ class Generation:
         params: SamplingParams,
         draft_length: DraftLength,
         cancel: threading.Event | None,
+        proposal: Proposal | None = None,
     ) -> None:
         self.conv, self.params, self.draft_length, self.cancel = conv, params, draft_length, cancel
+        self.proposal = proposal
+        self._from_proposal = False  # this block verifies proposed ids, not the draft's
         self.engine = conv.engine
         self.clock = self.engine.clock
         self.prompt = prompt
@@ -57,7 +61,8 @@ class Generation:
         # nothing so (its cost grows with the ids), and its prefill would then be timed as drafting. A
         # draft that will not run (drafting cannot pay on this machine's costs) is not fed at all: should
         # a probe run it, it catches up then.
-        states = self.conv.states if self.draft_length.may_draft() else [self.conv.target]
+        proposing = self.proposal is not None and bool(self.proposal.ids)
+        states = self.conv.states if self.draft_length.may_draft() and not proposing else [self.conv.target]
         for state in states:
             if not self._cancelled():
                 leave = FUSED_PREFILL if state is self.conv.target else 1
@@ -103,19 +108,42 @@ class Generation:
         text = self.text.push(committed, final=finish_reason is not None)
         if self.text.stopped:
             finish_reason = "stop"
-        self.stats.record_block(gamma, verdict.n_accepted, len(committed), t1 - t0, t2 - t1)
-        self.engine.speculation.record(gamma, verdict.n_accepted, drafting_s, t2 - t1, n_rows)
+        self._record(gamma, verdict.n_accepted, len(committed), (t1 - t0, drafting_s, t2 - t1), n_rows)
         timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
         block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
         return block, finish_reason
 
+    def _record(
+        self, gamma: int, n_accepted: int, n_committed: int, seconds: tuple[float, float, float], n_rows: int
+    ) -> None:
+        """The block's figures; `seconds`: (draft step, what its drafted tokens cost, verify)."""
+        draft_s, drafting_s, verify_s = seconds
+        if self._from_proposal:  # not the draft's work: only the verify's cost by rows is learnt
+            assert self.proposal is not None
+            self.proposal.follow(self.conv.tokens[len(self.prompt) :])
+            self.stats.n_proposed, self.stats.n_proposal_kept = self.proposal.n_proposed, self.proposal.n_kept
+            self.stats.record_block(0, 0, n_committed, draft_s, verify_s)
+            self.engine.speculation.record(0, 0, 0.0, verify_s, n_rows)
+            return
+        self.stats.record_block(gamma, n_accepted, n_committed, draft_s, verify_s)
+        self.engine.speculation.record(gamma, n_accepted, drafting_s, verify_s, n_rows)
+
     def _propose(self, limit: int) -> tuple[Tensor, Tensor | None]:
-        """Runs the draft while the draft length says so (at most `limit` tokens).
+        """Runs the draft while the draft length says so (at most `limit` tokens), or takes the next ids
+        of the caller's proposal while the output still follows it.
 
         Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
         """
         device = self.engine.target.device
         self._catch_up_s = 0.0
+        self._from_proposal = False
+        if self.proposal is not None:
+            n_pending = len(self.conv.tokens) - self.conv.target.valid
+            n_generated = len(self.conv.tokens) - len(self.prompt)
+            ids = self.proposal.take(n_generated, n_pending, limit, self.engine.speculation)
+            if ids:
+                self._from_proposal = True
+                return self._certain(ids)
         if self.engine.ngram_drafts:
             return self._propose_ngram(limit)
         drafted: list[Tensor] = []
@@ -155,12 +183,17 @@ class Generation:
     def _propose_ngram(self, limit: int) -> tuple[Tensor, Tensor | None]:
         """Prompt-lookup drafts (engine/ngram.py), as many as the draft length takes: [G], and when
         sampling their draft distributions q [G, V], one-hot (the proposal is certain)."""
-        device = self.engine.target.device
         candidates = ngram.propose(self.conv.tokens, min(limit, self.draft_length.max_gamma))
         n = 0
         while n < len(candidates) and self.draft_length.should_draft(n, 1.0, limit):
             n += 1
-        drafted = torch.tensor(candidates[:n], dtype=torch.long, device=device)
+        return self._certain(candidates[:n])
+
+    def _certain(self, ids: list[int]) -> tuple[Tensor, Tensor | None]:
+        """Proposed ids as drafts [G] and, when sampling, one-hot draft distributions q [G, V]."""
+        device = self.engine.target.device
+        n = len(ids)
+        drafted = torch.tensor(ids, dtype=torch.long, device=device)
         if self.params.greedy or n == 0:
             return drafted, None
         q = torch.zeros(n, self.engine.target.args.vocab_size, device=device)
@@ -189,7 +222,7 @@ class Generation:
         self.conv.tokens.extend(committed)
         # The target was fed the last committed id and every draft; the accepted ones are now committed.
         self.conv.target.valid = n_before + verdict.n_accepted
-        if self.conv.draft is not None and gamma > 0:
+        if self.conv.draft is not None and gamma > 0 and not self._from_proposal:
             # The draft was fed the committed ids and drafts 1..gamma-1 (never its last draft).
             self.conv.draft.valid = n_before + min(verdict.n_accepted, gamma - 1)
 

@@ -32,6 +32,8 @@ class GenerationStats:
     total_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    n_proposed: int = 0  # ids of the caller's proposal handed to verification (engine/proposal.py)
+    n_proposal_kept: int = 0  # of them, committed
     finish_reason: str | None = None
 
     def record_block(

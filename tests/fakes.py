@@ -254,6 +254,26 @@ class FakeLLM:
         return None
 
 
+class FakeProposingLLM(FakeLLM):
+    """A FakeLLM whose blocks carry token ids (block i: id i + 1) and that takes proposals (ProposingLLM)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.proposals: list[list[int]] = []
+
+    def stream(self, messages: Any, options: Any = None) -> Any:
+        return self.stream_proposed(messages, options, ())
+
+    async def stream_proposed(self, messages: Any, options: Any, proposal: Sequence[int]) -> Any:
+        import dataclasses
+
+        self.proposals.append(list(proposal))
+        i = 0
+        async for block in FakeLLM.stream(self, messages, options):
+            i += 1
+            yield dataclasses.replace(block, token_ids=(i,))
+
+
 class FakeSynthesizer:
     """Speaks each word as `word_ms` of a 440 Hz tone at 16 kHz, one chunk per word."""
 

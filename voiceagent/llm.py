@@ -56,6 +56,7 @@ class ReplyBlock:
     n_drafted: int | None = None
     n_accepted: int | None = None
     finish_reason: str | None = None  # on the last block: "stop", "length" (or "cancelled" locally)
+    token_ids: tuple[int, ...] = ()  # the in-process engine's ids (what a later reply may propose again)
 
 
 class LLMError(RuntimeError):
@@ -81,6 +82,16 @@ class PrefillingLLM(Protocol):
     async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool: ...
 
 
+@runtime_checkable
+class ProposingLLM(Protocol):
+    """An LLM that can take a proposed start of the reply (the ids of a reply to slightly different words)
+    and verify it instead of writing it token by token: the same reply, sooner (engine/proposal.py)."""
+
+    def stream_proposed(
+        self, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int]
+    ) -> AsyncIterator[ReplyBlock]: ...
+
+
 DEFAULT_OPTIONS = ReplyOptions()
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
 
@@ -101,10 +112,16 @@ class LocalLLM:
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
         self._cancel = threading.Event()
 
-    async def stream(
+    def stream(
         self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
     ) -> AsyncIterator[ReplyBlock]:
         """Streams the reply's committed blocks; raises LLMError for bad input or an engine failure."""
+        return self.stream_proposed(messages, options, ())
+
+    async def stream_proposed(
+        self, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int]
+    ) -> AsyncIterator[ReplyBlock]:
+        """As `stream`, with `proposal` (token ids) verified as the reply's likely start."""
         from engine import SamplingParams
 
         if self._running is not None:
@@ -118,7 +135,8 @@ class LocalLLM:
             prompt = self._fitting_prompt(messages, room=options.max_tokens)
             params = SamplingParams(options.temperature, options.top_p, 0, options.max_tokens, options.stop,
                                     options.seed)  # fmt: skip
-            arrived = self._start(self._conversation.generate(prompt, params, cancel=cancel))
+            blocks = self._conversation.generate(prompt, params, cancel=cancel, proposal=proposal)
+            arrived = self._start(blocks)
         except ValueError as error:
             raise LLMError(str(error)) from error
         try:
@@ -170,7 +188,7 @@ class LocalLLM:
         try:
             for block in self._lock.each(blocks):
                 deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
-                                   block.finish_reason))  # fmt: skip
+                                   block.finish_reason, block.token_ids))  # fmt: skip
         except Exception as error:  # handed to the event loop, where the stream raises LLMError
             deliver(error)
 

@@ -6,6 +6,11 @@ silence. The committed blocks are kept here, unspoken. At speech_end the final t
 very partial when nothing was said since) either matches and the reply is adopted, its first block often
 ready already, or differs and the reply is cancelled. If the user speaks on, it is cancelled at once.
 Committed blocks are what the model would write for that history anyway, so adopting them is exact.
+
+A cancelled reply is not wasted where the LLM takes proposals (`ProposingLLM`, the in-process engine): the
+ids it committed are the likely start of the reply to the changed words ("?" for "."), so the next reply
+is given them to verify as one long draft (`proposal_ids`): whatever the target confirms costs one forward
+per block instead of one per token, and the reply is the same as without.
 """
 
 from __future__ import annotations
@@ -13,25 +18,49 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from voiceagent.llm import LLM, Message, ReplyBlock, ReplyOptions
+from voiceagent.llm import LLM, Message, ProposingLLM, ReplyBlock, ReplyOptions
+from voiceagent.trace import LLM_PREEMPTIVE_CANCEL, LLM_PREEMPTIVE_START, LLM_PROPOSAL_KEPT, Trace
+
+
+def reply_stream(
+    llm: LLM, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int] = ()
+) -> AsyncIterator[ReplyBlock]:
+    """The LLM's reply to `messages`, with `proposal` verified as its start where the LLM can."""
+    if proposal and isinstance(llm, ProposingLLM):
+        return llm.stream_proposed(messages, options, proposal)
+    return llm.stream(messages, options)
 
 
 class PreemptiveReply:
     """The LLM's reply to `messages`, streamed in a task of its own into a buffer until adopted."""
 
-    def __init__(self, llm: LLM, messages: Sequence[Message], options: ReplyOptions) -> None:
+    def __init__(
+        self, llm: LLM, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int] = ()
+    ) -> None:
         self.messages = [dict(message) for message in messages]
+        self._given = [int(i) for i in proposal]
+        self._own_ids: list[int] = []
         self._arrived: asyncio.Queue[ReplyBlock | Exception | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(llm, options))
+        self._task = asyncio.create_task(self._run(llm, options, proposal))
 
-    async def _run(self, llm: LLM, options: ReplyOptions) -> None:
+    async def _run(self, llm: LLM, options: ReplyOptions, proposal: Sequence[int]) -> None:
         try:
-            async for block in llm.stream(self.messages, options):
+            async for block in reply_stream(llm, self.messages, options, proposal):
+                self._own_ids.extend(block.token_ids)
                 self._arrived.put_nowait(block)
         except Exception as error:  # handed to whoever adopts the reply
             self._arrived.put_nowait(error)
         finally:
             self._arrived.put_nowait(None)
+
+    @property
+    def proposal_ids(self) -> list[int]:
+        """The ids this reply has committed so far, or the longer proposal it was given while its own ids
+        still follow it: the likely start of a reply to slightly different words."""
+        own = self._own_ids
+        if len(self._given) > len(own) and self._given[: len(own)] == own:
+            return list(self._given)
+        return list(own)
 
     def matches(self, messages: Sequence[Message]) -> bool:
         """True if this reply answers exactly `messages` (the history with the final transcript)."""
@@ -47,3 +76,60 @@ class PreemptiveReply:
     def cancel(self) -> None:
         """Stops the generation (the engine stops at its next block; a remote stream is closed)."""
         self._task.cancel()
+
+
+class Preemption:
+    """A session's one preemptive reply at a time: started on a partial, dropped, or taken at the final."""
+
+    def __init__(self, llm: LLM, options: ReplyOptions, trace: Trace) -> None:
+        self.llm, self.options, self.trace = llm, options, trace
+        self.reply: PreemptiveReply | None = None
+
+    def start(self, turn: int, messages: Sequence[Message], text: str) -> None:
+        """Starts the reply to `messages` (the history and the partial `text`) unless it is running; a
+        reply to other words is cancelled, its ids proposed to the new one."""
+        if self.reply is not None and self.reply.matches(messages):
+            return  # the same words: keep the reply that is already running
+        proposal = self.reply.proposal_ids if self.reply is not None else []
+        self.drop(turn, "the words changed")
+        self.reply = PreemptiveReply(self.llm, messages, self.options, proposal)
+        self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
+
+    def drop(self, turn: int, reason: str) -> None:
+        if self.reply is not None:
+            self.reply.cancel()
+            self.reply = None
+            self.trace.write(LLM_PREEMPTIVE_CANCEL, turn, reason=reason)
+
+    def take(self, turn: int, messages: Sequence[Message] | None) -> tuple[PreemptiveReply | None, list[int]]:
+        """At the final transcript (`messages` with it; None: no words): the reply if it answers exactly
+        these messages, else (None, the cancelled reply's ids as a proposal for the next one)."""
+        reply, self.reply = self.reply, None
+        if reply is None:
+            return None, []
+        if messages is not None and reply.matches(messages):
+            return reply, []
+        reply.cancel()
+        proposal = reply.proposal_ids
+        self.trace.write(
+            LLM_PREEMPTIVE_CANCEL, turn, reason="the final transcript differs", proposed=len(proposal)
+        )
+        return None, proposal
+
+
+async def trace_kept(
+    trace: Trace, turn: int, blocks: AsyncIterator[ReplyBlock], proposal: list[int]
+) -> AsyncIterator[ReplyBlock]:
+    """Passes the blocks on; writes `llm.proposal_kept` once the reply has confirmed or left the proposal:
+    how many of its ids the target wrote again."""
+    made: list[int] = []
+    written = False
+    async for block in blocks:
+        made.extend(block.token_ids)
+        left = made[: len(proposal)] != proposal[: len(made)]
+        if not written and (left or len(made) >= len(proposal) or block.finish_reason is not None):
+            kept = next((i for i, (a, b) in enumerate(zip(made, proposal, strict=False)) if a != b), None)
+            trace.write(LLM_PROPOSAL_KEPT, turn, proposed=len(proposal),
+                        kept=min(len(made), len(proposal)) if kept is None else kept)  # fmt: skip
+            written = True
+        yield block

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,16 +43,14 @@ from voiceagent.events import (
     TranscriptPartial,
     TurnError,
 )
-from voiceagent.llm import LLM, PrefillingLLM, ReplyBlock, ReplyOptions
-from voiceagent.preempt import PreemptiveReply
+from voiceagent.llm import LLM, PrefillingLLM, ProposingLLM, ReplyBlock, ReplyOptions
+from voiceagent.preempt import Preemption, PreemptiveReply, reply_stream, trace_kept
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
 from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
     ASR_PARTIAL_ERROR,
-    LLM_PREEMPTIVE_CANCEL,
-    LLM_PREEMPTIVE_START,
     LLM_PREFILL,
     OUT_FIRST_AUDIO,
     OUT_PLAYED,
@@ -121,7 +119,7 @@ class Session:
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
         self._paused = False  # the user is silent and the pause partial was started
-        self._preempt: PreemptiveReply | None = None
+        self.preemption = Preemption(llm, self.options.reply, trace)
         self._prefilling: asyncio.Task[bool] | None = None
         self._prefilled = ""
         self._idle = asyncio.Event()
@@ -317,13 +315,9 @@ class Session:
             return
         self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
         self.trace.write(ASR_FINAL, turn, text=text)
-        preempt, self._preempt = self._preempt, None
-        if preempt is not None and not (text and preempt.matches(self._with_user(text))):
-            preempt.cancel()
-            self.trace.write(LLM_PREEMPTIVE_CANCEL, turn, reason="the final transcript differs")
-            preempt = None
+        preempt, proposal = self.preemption.take(turn, self._with_user(text) if text else None)
         if text and turn == self.turn:
-            await self._respond(turn, text, preempt)
+            await self._respond(turn, text, preempt, proposal)
         elif preempt is not None:
             preempt.cancel()
 
@@ -346,28 +340,30 @@ class Session:
         return [*self.history, {"role": "user", "content": text}]
 
     def _start_preemption(self, turn: int, text: str) -> None:
-        messages = self._with_user(text)
-        if self._preempt is not None and self._preempt.matches(messages):
-            return  # the same words: keep the reply that is already running
-        self._drop_preemption("the words changed")
-        self._preempt = PreemptiveReply(self.llm, messages, self.options.reply)
-        self.trace.write(LLM_PREEMPTIVE_START, turn, text=text)
+        self.preemption.start(turn, self._with_user(text), text)
 
     def _drop_preemption(self, reason: str) -> None:
-        if self._preempt is not None:
-            self._preempt.cancel()
-            self._preempt = None
-            self.trace.write(LLM_PREEMPTIVE_CANCEL, self.turn, reason=reason)
+        self.preemption.drop(self.turn, reason)
 
     # ----- replying --------------------------------------------------------------------------------
 
-    async def _respond(self, turn: int, user_text: str, preempt: PreemptiveReply | None = None) -> None:
-        """The reply to `user_text`: the preemptive one when it was kept, else a new one."""
-        blocks: AsyncIterator[ReplyBlock] = (
-            preempt.blocks()
-            if preempt is not None
-            else self.llm.stream(self._with_user(user_text), self.options.reply)
-        )
+    async def _respond(
+        self,
+        turn: int,
+        user_text: str,
+        preempt: PreemptiveReply | None = None,
+        proposal: Sequence[int] = (),
+    ) -> None:
+        """The reply to `user_text`: the preemptive one when it was kept, else a new one (verifying
+        `proposal`, the ids of a cancelled preemptive reply, as its likely start)."""
+        blocks: AsyncIterator[ReplyBlock]
+        if preempt is not None:
+            blocks = preempt.blocks()
+        else:
+            messages = self._with_user(user_text)
+            blocks = reply_stream(self.llm, messages, self.options.reply, proposal)
+            if proposal and isinstance(self.llm, ProposingLLM):
+                blocks = trace_kept(self.trace, turn, blocks, list(proposal))
         try:
             await self.replier.respond(turn, user_text, blocks, preemptive=preempt is not None)
         except ReplyFailed as failure:

@@ -35,6 +35,7 @@ ASR_FINAL = "asr.final"
 LLM_PREFILL = "llm.prefill"
 LLM_PREEMPTIVE_START = "llm.preemptive_start"
 LLM_PREEMPTIVE_CANCEL = "llm.preemptive_cancel"
+LLM_PROPOSAL_KEPT = "llm.proposal_kept"  # a cancelled preemptive reply's ids, verified again: how many held
 LLM_FIRST_BLOCK = "llm.first_block"
 LLM_BLOCK = "llm.block"
 CHUNK_PHRASE = "chunk.phrase"
@@ -63,6 +64,7 @@ PIPELINE_EVENTS = frozenset(
         LLM_PREFILL,
         LLM_PREEMPTIVE_START,
         LLM_PREEMPTIVE_CANCEL,
+        LLM_PROPOSAL_KEPT,
         LLM_FIRST_BLOCK,
         LLM_BLOCK,
         CHUNK_PHRASE,

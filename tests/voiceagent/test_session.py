@@ -9,7 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fakes import FakeClock, FakeEndpointer, FakeLLM, FakeRecognizer, FakeSynthesizer, WordChunker
+from tests.fakes import (
+    FakeClock,
+    FakeEndpointer,
+    FakeLLM,
+    FakeProposingLLM,
+    FakeRecognizer,
+    FakeSynthesizer,
+    WordChunker,
+)
 from voiceagent.events import (
     Event,
     Interrupted,
@@ -269,6 +277,24 @@ def test_a_final_transcript_that_differs_restarts_the_reply() -> None:
     assert _record(h, "llm.preemptive_cancel")["reason"] == "the final transcript differs"
     assert h.llm.histories[-1][-1] == {"role": "user", "content": "what is the weather like"}
     assert _record(h, "llm.first_block")["preemptive"] is False
+    assert len(h.of(TurnEnded)) == 1
+
+
+def test_a_reply_to_changed_words_is_proposed_to_the_next_one() -> None:
+    """The cancelled preemptive reply's ids go to the LLM with the final words, to be verified again."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    llm = FakeProposingLLM()
+    h = run(scenario, llm=llm, recognizer=FakeRecognizer("what is the weather like"))
+    cancel = _record(h, "llm.preemptive_cancel")
+    assert cancel["reason"] == "the final transcript differs" and cancel["proposed"] >= 1
+    assert llm.proposals[0] == [] and llm.proposals[-1] == list(range(1, cancel["proposed"] + 1))
+    assert _record(h, "llm.proposal_kept")["kept"] == cancel["proposed"]
+    assert h.llm.histories[-1][-1] == {"role": "user", "content": "what is the weather like"}
     assert len(h.of(TurnEnded)) == 1
 
 
