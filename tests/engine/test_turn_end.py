@@ -1,0 +1,94 @@
+"""The end-of-turn score on the bundled pair (ggml): complete words score high, the reply is untouched."""
+
+import pytest
+
+from engine.generate import Engine
+from engine.load import chat_prompt, load_engine
+from engine.sampling import SamplingParams
+from engine.turn_end import turn_marks, user_words
+from tests.support.bundled import DRAFT, TARGET, TINY
+
+pytestmark = pytest.mark.bundled
+
+# (incomplete, complete) pairs a voice agent hears, without final marks (as LocalLLM scores them); none of
+# them tunes the policy's thresholds.
+PAIRS = [
+    ("What is the capital of", "What is the capital of France"),
+    ("Could you remind me to", "Could you remind me to call my sister after lunch"),
+    ("I want to buy apples and", "I want to buy apples and pears"),
+]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Engine:
+    return load_engine(TARGET, DRAFT, backend="ggml", max_seq_len=512, gamma=4)
+
+
+def words_of(engine: Engine, text: str, history: list[dict[str, str]] | None = None) -> list[int]:
+    messages = [*(history or []), {"role": "user", "content": text}]
+    return user_words(chat_prompt(engine.tokenizer, messages), turn_marks(engine.tokenizer).end_of_turn_id)
+
+
+def test_the_words_are_the_reply_prompt_cut_before_the_closing_id(pair: Engine) -> None:
+    prompt = chat_prompt(pair.tokenizer, [{"role": "user", "content": "Hello there"}])
+    words = words_of(pair, "Hello there")
+    assert prompt[: len(words)] == words
+    assert prompt[len(words)] == turn_marks(pair.tokenizer).end_of_turn_id
+    assert pair.tokenizer.decode(words).endswith("Hello there")
+
+
+def test_complete_questions_score_higher_than_incomplete_ones(pair: Engine) -> None:
+    conversation = pair.new_conversation()
+    for incomplete, complete in PAIRS:
+        low = conversation.end_of_turn_probability(words_of(pair, incomplete))
+        high = conversation.end_of_turn_probability(words_of(pair, complete))
+        assert low is not None and high is not None
+        assert low < 0.01 < 0.03 < high, (incomplete, low, complete, high)
+
+
+def test_the_message_may_end_after_a_mark(pair: Engine) -> None:
+    """With after_mark_power 1 what follows the mark counts: a request ends there, a statement less so."""
+    conversation = pair.new_conversation()
+    request = conversation.end_of_turn_probability(words_of(pair, "Tell me a joke."), after_mark_power=1)
+    cut = conversation.end_of_turn_probability(words_of(pair, "Tell me a"), after_mark_power=1)
+    assert request is not None and cut is not None
+    assert cut < 0.01 < 0.5 < request
+
+
+def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine) -> None:
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]
+    question = "What's a good name for a black cat?"
+    messages = [*history, {"role": "user", "content": question}]
+    prompt = chat_prompt(pair.tokenizer, messages)
+    params = SamplingParams(max_new_tokens=24)
+    plain = [t for b in pair.new_conversation().generate(prompt, params) for t in b.token_ids]
+
+    scored = pair.new_conversation()
+    scored.generate(chat_prompt(pair.tokenizer, history[:1]), SamplingParams(max_new_tokens=4))
+    partial = ""
+    for word in question.split():  # a partial per word, as the user speaks
+        partial = f"{partial} {word}".strip()
+        assert scored.end_of_turn_probability(words_of(pair, partial, history)) is not None
+    words = words_of(pair, question, history)
+    assert scored.tokens == words
+    assert scored.draft is not None and scored.draft.valid == len(words)  # the words stay cached
+    after = [t for b in scored.generate(prompt, params) for t in b.token_ids]
+    assert after == plain
+
+
+def test_no_score_while_the_conversation_generates(pair: Engine) -> None:
+    conversation = pair.new_conversation()
+    prompt = chat_prompt(pair.tokenizer, [{"role": "user", "content": "Count to five."}])
+    blocks = conversation.generate(prompt, SamplingParams(max_new_tokens=16))
+    next(blocks)  # the generation holds the conversation until it ends
+    assert conversation.end_of_turn_probability(words_of(pair, "Tell me")) is None
+    blocks.close()
+    assert conversation.end_of_turn_probability(words_of(pair, "Tell me")) is not None
+
+
+def test_without_a_draft_the_target_scores() -> None:
+    tiny = load_engine(TINY, None, backend="ggml", max_seq_len=256)
+    conversation = tiny.new_conversation()
+    score = conversation.end_of_turn_probability(words_of(tiny, "Thank you very much."))
+    assert score is not None and 0.0 <= score <= 1.0
+    assert conversation.target.valid == len(conversation.tokens)
