@@ -83,6 +83,13 @@ class PrefillingLLM(Protocol):
 
 
 @runtime_checkable
+class TurnScoringLLM(Protocol):
+    """An LLM that scores how likely the user's words so far end their turn (the in-process engine)."""
+
+    async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None: ...
+
+
+@runtime_checkable
 class ProposingLLM(Protocol):
     """An LLM that can take a proposed start of the reply (the ids of a reply to slightly different words)
     and verify it instead of writing it token by token: the same reply, sooner (engine/proposal.py)."""
@@ -93,6 +100,7 @@ class ProposingLLM(Protocol):
 
 
 DEFAULT_OPTIONS = ReplyOptions()
+END_MARKS = " \t\n.,;:!?…"  # dropped from the end of a partial before scoring its end of turn
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
 
 
@@ -217,6 +225,29 @@ class LocalLLM:
         job = asyncio.get_running_loop().run_in_executor(None, work)
         self._running = job
         return bool(await asyncio.shield(job))
+
+    async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None:
+        """P(the user's turn is complete): `messages` end with the user's words so far (a partial; its final
+        marks are dropped, engine/turn_end.py says why). None while a reply or prefill runs or if scoring
+        fails: the caller then keeps its silence rule. The words stay cached, a head start for the reply."""
+        *history, user = messages
+        words = {**user, "content": user["content"].rstrip(END_MARKS)}
+        if (self._running is not None and not self._running.done()) or not words["content"]:
+            return None
+        job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words])
+        self._running = job
+        return await asyncio.shield(job)
+
+    def _score_turn(self, messages: list[Message]) -> float | None:
+        from engine.turn_end import turn_marks, user_words
+
+        try:
+            end_of_turn_id = turn_marks(self.engine.tokenizer).end_of_turn_id
+            prompt = user_words(self._fitting_prompt(messages, room=1), end_of_turn_id)
+            with self._lock:
+                return self._conversation.end_of_turn_probability(prompt)
+        except Exception:  # noqa: BLE001 - no score: the silence rule decides
+            return None
 
     def _fitting_prompt(self, messages: Sequence[Message], room: int) -> list[int]:
         """The chat prompt of `messages`, the oldest turns after the system prompt dropped until `room`
