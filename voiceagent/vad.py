@@ -10,7 +10,10 @@ Decisions (all in `VadOptions`):
   `threshold - hysteresis` before that starts over), with a mean level of at least `min_level_dbfs`. Its
   `t_ns` is the start of the first voiced chunk.
 - speech_end: `end_silence_ms` of chunks below `threshold - hysteresis` after speech. Its `t_ns` is the END of
-  the last voiced chunk, so the wait is visible as `confirmed_ns - t_ns`.
+  the last voiced chunk, so the wait is visible as `confirmed_ns - t_ns`. `set_end_silence_ms` changes the
+  wait on the fly (the turn-taking policy, voiceagent/turn_taking.py, shortens it for a finished sentence and
+  lengthens it for a cut one); it applies to the silence under way, so a silence already longer than the
+  new wait ends the speech at the next chunk.
 - Echo guard (`set_guard(True)` while the agent speaks on a phone line, where echo cancellation is not ours):
   a start needs `guard_threshold`, `guard_min_speech_ms` and `guard_min_level_dbfs`. Silero scores speech the
   same at any loudness, so the level tells the agent's own attenuated echo from a user talking over it.
@@ -111,10 +114,11 @@ class Endpointer:
         self.options = options or VadOptions()
         self._model = model  # None: the shared model, loaded at the first push
         self._guard = False
+        self._end_silence_ms = self.options.end_silence_ms
         self.reset()
 
     def reset(self) -> None:
-        """Forgets all audio and state (a new stream); the guard setting is kept."""
+        """Forgets all audio and state (a new stream); the guard and the end-silence wait are kept."""
         self._state = SileroVad.initial_state()
         self._context = np.zeros((1, CONTEXT_SAMPLES), dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
@@ -139,6 +143,23 @@ class Endpointer:
         if not self._speaking:
             return 0.0
         return max(0.0, (self._pending_start_ns - self._last_voiced_end_ns) / 1e6)
+
+    def last_voiced_ns(self) -> int:
+        """The end of the last voiced chunk of the current (or last) speech: a partial transcript whose
+        audio reaches this far heard every word said so far."""
+        return self._last_voiced_end_ns
+
+    @property
+    def end_silence_ms(self) -> int:
+        """The silence that now ends speech (VadOptions.end_silence_ms until set_end_silence_ms)."""
+        return self._end_silence_ms
+
+    def set_end_silence_ms(self, ms: int) -> None:
+        """Ends speech after `ms` of silence from now on, the silence under way included: if it already
+        lasted `ms`, speech_end comes with the next scored chunk (within 32 ms)."""
+        if not isinstance(ms, int | np.integer) or ms < 0:
+            raise ValueError(f"the end-of-speech silence must be a whole number of ms >= 0, got {ms!r}")
+        self._end_silence_ms = int(ms)
 
     def set_guard(self, active: bool) -> None:
         """Echo guard on/off: while on, a speech_start needs the guard_* thresholds (see VadOptions)."""
@@ -178,7 +199,7 @@ class Endpointer:
         if self._speaking:
             if p >= o.threshold - o.hysteresis:
                 self._last_voiced_end_ns = end_ns
-            elif end_ns - self._last_voiced_end_ns >= o.end_silence_ms * 1_000_000:
+            elif end_ns - self._last_voiced_end_ns >= self._end_silence_ms * 1_000_000:
                 self._speaking = False
                 return VadEdge("speech_end", self._last_voiced_end_ns, now_ns)
             return None

@@ -137,3 +137,49 @@ def test_frames_keep_their_own_time_even_with_gaps(speech: list[np.ndarray]) -> 
         edges += endpointer.push(frame, i * FRAME_NS + jitter)
     start_s, end_s = voiced_bounds(audio)
     assert abs(edges[0].t_ns / 1e9 - start_s) <= 0.1 and abs(edges[1].t_ns / 1e9 - end_s) <= 0.13
+
+
+def push_until(endpointer: Endpointer, audio: np.ndarray, t0_ns: int = 0) -> tuple[list[VadEdge], int]:
+    """Pushes `audio`'s frames; returns the edges and the time just after its last frame."""
+    chunks = list(frames(audio))
+    edges = [e for i, f in enumerate(chunks) for e in endpointer.push(f, t0_ns + i * FRAME_NS)]
+    return edges, t0_ns + len(chunks) * FRAME_NS
+
+
+def voiced(clip: np.ndarray) -> np.ndarray:
+    """`clip` without the silence espeak-ng leaves after the words."""
+    return clip[: int(voiced_bounds(clip)[1] * 16000)]
+
+
+def test_a_shorter_wait_set_during_the_silence_ends_the_turn_sooner(speech: list[np.ndarray]) -> None:
+    endpointer = Endpointer()
+    _, t = push_until(endpointer, np.concatenate([silence(0.5), voiced(speech[1]), silence(0.1)]))
+    assert endpointer.speaking()
+    endpointer.set_end_silence_ms(120)
+    edges, _ = push_until(endpointer, silence(1.0), t)
+    assert [e.kind for e in edges] == ["speech_end"]
+    assert 0.1 <= (edges[0].confirmed_ns - edges[0].t_ns) / 1e9 <= 0.16
+
+
+def test_a_wait_the_silence_already_passed_ends_it_at_the_next_chunk(speech: list[np.ndarray]) -> None:
+    endpointer = Endpointer()
+    _, t = push_until(endpointer, np.concatenate([silence(0.5), voiced(speech[1]), silence(0.25)]))
+    assert endpointer.speaking() and endpointer.silence_ms() >= 200
+    endpointer.set_end_silence_ms(100)
+    edges, _ = push_until(endpointer, silence(0.2), t)
+    assert [e.kind for e in edges] == ["speech_end"]
+    assert edges[0].confirmed_ns - t <= 40_000_000  # within a Silero chunk of the change
+    assert endpointer.last_voiced_ns() == edges[0].t_ns
+
+
+def test_a_longer_wait_keeps_a_paused_sentence_one_utterance(speech: list[np.ndarray]) -> None:
+    first, second = speech[1][: len(speech[1]) // 2], speech[1][len(speech[1]) // 2 :]
+    audio = np.concatenate([silence(0.5), first, silence(0.9), second, silence(2.0)])
+    assert [e.kind for e in run(audio)] == ["speech_start", "speech_end"] * 2  # 320 ms cuts the pause
+    endpointer = Endpointer()
+    endpointer.set_end_silence_ms(1500)
+    endpointer.reset()  # the wait outlives a reset, as the guard does
+    assert endpointer.end_silence_ms == 1500
+    assert [e.kind for e in run(audio, endpointer)] == ["speech_start", "speech_end"]
+    with pytest.raises(ValueError, match="whole number of ms"):
+        endpointer.set_end_silence_ms(-5)
