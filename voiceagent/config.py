@@ -15,6 +15,12 @@
     VOICEAGENT_ASR_MODEL ("tiny.en" or "base"), VOICEAGENT_TTS ("piper" or "espeak"),
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
+    VOICEAGENT_TURN_SCORE (1: with the local engine, the silence that ends the user's turn follows the
+    draft model's end-of-turn score of their words; 0: always VOICEAGENT_END_SILENCE_MS),
+    VOICEAGENT_TURN_COMPLETE_SCORE (0.02) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.002): the scores at or
+    above which a turn ends after VOICEAGENT_TURN_COMPLETE_SILENCE_MS (120) and at or below which it waits
+    VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (1500); VOICEAGENT_TURN_PENDING_SILENCE_MS (700): the least wait
+    while the latest words are not scored yet (voiceagent/turn_taking.py).
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
     VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
                              `?token=KEY`)
@@ -76,7 +82,14 @@ class Settings(BaseSettings):
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
     # for the bundled Qwen pair, so sessions are cheap; the engine's max_seq_len is the ceiling.
     session_context_tokens: int = Field(1024, ge=64)
-    end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn
+    end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn (no score)
+    # Turn-taking from the end-of-turn score (voiceagent/turn_taking.py; calibrated by bench/turn_taking).
+    turn_score: bool = True
+    turn_complete_score: float = Field(0.02, gt=0, le=1)
+    turn_incomplete_score: float = Field(0.002, gt=0, lt=1)
+    turn_complete_silence_ms: int = Field(120, ge=0, le=3000)
+    turn_incomplete_silence_ms: int = Field(1500, ge=0, le=5000)
+    turn_pending_silence_ms: int = Field(700, ge=0, le=5000)
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
     # The gateway (`voiceagent serve`).
     host: str = "127.0.0.1"

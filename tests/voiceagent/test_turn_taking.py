@@ -1,0 +1,38 @@
+"""The turn-taking policy: a finished sentence ends after a short silence, a cut one waits, no score keeps
+the silence rule, and words the score has not heard yet never end the turn quickly."""
+
+import pytest
+
+from voiceagent.config import Settings
+from voiceagent.turn_taking import TurnTakingOptions, end_silence_ms
+
+OPTIONS = TurnTakingOptions()
+
+
+def test_the_wait_follows_the_score() -> None:
+    assert end_silence_ms(0.9) == OPTIONS.complete_silence_ms <= 150
+    assert end_silence_ms(0.0) == OPTIONS.incomplete_silence_ms >= 1000
+    between = [end_silence_ms(s) for s in (0.003, 0.006, 0.012)]
+    assert OPTIONS.incomplete_silence_ms > between[0] > between[1] > between[2] > OPTIONS.complete_silence_ms
+
+
+def test_no_score_is_the_silence_rule_and_unheard_words_wait_for_one() -> None:
+    assert end_silence_ms(None) == OPTIONS.fallback_silence_ms == Settings().end_silence_ms
+    assert end_silence_ms(0.9, heard_all=False) == OPTIONS.pending_silence_ms
+    assert end_silence_ms(0.0, heard_all=False) == OPTIONS.incomplete_silence_ms
+
+
+def test_settings_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOICEAGENT_TURN_COMPLETE_SILENCE_MS", "90")
+    monkeypatch.setenv("VOICEAGENT_END_SILENCE_MS", "400")
+    options = TurnTakingOptions.from_settings(Settings())
+    assert end_silence_ms(1.0, options) == 90 and end_silence_ms(None, options) == 400
+
+
+def test_bad_options_and_scores_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="incomplete_score < complete_score"):
+        TurnTakingOptions(complete_score=0.001, incomplete_score=0.01)
+    with pytest.raises(ValueError, match="complete_silence_ms <= incomplete_silence_ms"):
+        TurnTakingOptions(complete_silence_ms=2000, incomplete_silence_ms=1000)
+    with pytest.raises(ValueError, match="probability"):
+        end_silence_ms(1.5)

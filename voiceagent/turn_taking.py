@@ -1,0 +1,90 @@
+"""Turn-taking: how long a silence ends the user's turn, from the end-of-turn score of the words heard so far.
+
+A fixed silence rule (VOICEAGENT_END_SILENCE_MS, 320 ms) makes every finished question wait 320 ms and cuts
+every sentence with a longer pause in it. With a scoring LLM (`voiceagent.llm.TurnScoringLLM`: the engine in
+this process) each partial transcript gets P(turn complete) from the draft model's warm cache
+(engine/turn_end.py), and the endpointer's wait follows it:
+
+- score >= `complete_score`: the words end a turn; `complete_silence_ms` (120) of silence ends it.
+- score <= `incomplete_score`: the user stopped mid-sentence; wait `incomplete_silence_ms` (1500), then end
+  the turn anyway (they may have finished after all).
+- in between: a wait between the two, log-linear in the score.
+- words heard after the scored ones (the user spoke on after the partial's audio): never less than
+  `pending_silence_ms` (700), long enough for the partial at the pause and its score to arrive, since a
+  finished-looking fragment ("I'd like a pizza" ... "and") must not end the turn on its own.
+- no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
+
+The thresholds come from bench/turn_taking (the clips tuned on are not the clips reported on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from voiceagent.config import Settings
+
+__all__ = ["TurnTakingOptions", "end_silence_ms"]
+
+
+@dataclass(frozen=True)
+class TurnTakingOptions:
+    """The policy's thresholds and waits (the VOICEAGENT_TURN_* settings; see the module docstring)."""
+
+    complete_score: float = 0.02  # a score at or above this ends the turn after complete_silence_ms
+    incomplete_score: float = 0.002  # at or below this the turn waits incomplete_silence_ms
+    complete_silence_ms: int = 120
+    incomplete_silence_ms: int = 1500
+    pending_silence_ms: int = 700  # the least wait while the latest words are not scored yet
+    fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.incomplete_score < self.complete_score <= 1.0:
+            raise ValueError(
+                "turn-taking scores need 0 < incomplete_score < complete_score <= 1, got "
+                f"{self.incomplete_score} and {self.complete_score}"
+            )
+        waits = (self.complete_silence_ms, self.pending_silence_ms, self.incomplete_silence_ms)
+        if not 0 <= waits[0] <= waits[2] or not 0 <= waits[1] or self.fallback_silence_ms < 0:
+            raise ValueError(
+                "turn-taking waits need 0 <= complete_silence_ms <= incomplete_silence_ms and "
+                f"non-negative pending and fallback waits, got {waits} and {self.fallback_silence_ms}"
+            )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TurnTakingOptions:
+        return cls(
+            complete_score=settings.turn_complete_score,
+            incomplete_score=settings.turn_incomplete_score,
+            complete_silence_ms=settings.turn_complete_silence_ms,
+            incomplete_silence_ms=settings.turn_incomplete_silence_ms,
+            pending_silence_ms=settings.turn_pending_silence_ms,
+            fallback_silence_ms=settings.end_silence_ms,
+        )
+
+
+DEFAULT_OPTIONS = TurnTakingOptions()
+
+
+def end_silence_ms(
+    score: float | None, options: TurnTakingOptions = DEFAULT_OPTIONS, *, heard_all: bool = True
+) -> int:
+    """The silence that should end the user's turn, given the latest end-of-turn score (None: none).
+
+    `heard_all`: the scored partial heard every word said so far (its audio reaches the endpointer's
+    `last_voiced_ns()`); if not, the wait is at least `pending_silence_ms`.
+    """
+    if score is None:
+        return options.fallback_silence_ms
+    if not 0.0 <= score <= 1.0 or math.isnan(score):
+        raise ValueError(f"an end-of-turn score is a probability in [0, 1], got {score}")
+    if score >= options.complete_score:
+        wait = options.complete_silence_ms
+    elif score <= options.incomplete_score:
+        wait = options.incomplete_silence_ms
+    else:  # log-linear between the two thresholds
+        span = math.log(options.complete_score) - math.log(options.incomplete_score)
+        towards_complete = (math.log(score) - math.log(options.incomplete_score)) / span
+        gap = options.incomplete_silence_ms - options.complete_silence_ms
+        wait = round(options.incomplete_silence_ms - towards_complete * gap)
+    return wait if heard_all else max(wait, options.pending_silence_ms)
