@@ -14,7 +14,9 @@ this process) each partial transcript gets P(turn complete) from the draft model
   finished-looking fragment ("I'd like a pizza" ... "and") must not end the turn on its own.
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
-The thresholds come from bench/turn_taking (the clips tuned on are not the clips reported on).
+`EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
+endpointer's wait from it (`Endpointer.set_end_silence_ms`) on every frame. The thresholds come from
+bench/turn_taking (the clips tuned on are not the clips reported on).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from voiceagent.config import Settings
 
-__all__ = ["TurnTakingOptions", "end_silence_ms"]
+__all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +90,37 @@ def end_silence_ms(
         gap = options.incomplete_silence_ms - options.complete_silence_ms
         wait = round(options.incomplete_silence_ms - towards_complete * gap)
     return wait if heard_all else max(wait, options.pending_silence_ms)
+
+
+class EndOfTurnWait:
+    """One utterance's latest end-of-turn score and the audio it heard -> the wait that ends the turn now.
+
+    Before any score the wait is `pending_silence_ms`; after the scorer gave None (busy or unable) with
+    no score yet, the silence rule.
+    """
+
+    def __init__(self, options: TurnTakingOptions = DEFAULT_OPTIONS) -> None:
+        self.options = options
+        self.start_utterance()
+
+    def start_utterance(self) -> None:
+        """Forgets the last utterance's score (call at speech_start)."""
+        self._score: float | None = None
+        self._heard_until_ns = -1
+        self._unscorable = False
+
+    def scored(self, score: float | None, heard_until_ns: int) -> None:
+        """A partial's score: `heard_until_ns`, the end of the audio that partial decoded (the time of the
+        last frame pushed before it started, plus the frame). None (no score) keeps an earlier score."""
+        if score is None:
+            self._unscorable = self._score is None
+            return
+        end_silence_ms(score, self.options)  # checks it is a probability
+        self._score, self._heard_until_ns, self._unscorable = score, heard_until_ns, False
+
+    def wait_ms(self, last_voiced_ns: int) -> int:
+        """The silence that ends the turn, given the endpointer's `last_voiced_ns()`."""
+        if self._score is None:
+            return self.options.fallback_silence_ms if self._unscorable else self.options.pending_silence_ms
+        heard_all = last_voiced_ns <= self._heard_until_ns
+        return end_silence_ms(self._score, self.options, heard_all=heard_all)

@@ -4,7 +4,7 @@ the silence rule, and words the score has not heard yet never end the turn quick
 import pytest
 
 from voiceagent.config import Settings
-from voiceagent.turn_taking import TurnTakingOptions, end_silence_ms
+from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, end_silence_ms
 
 OPTIONS = TurnTakingOptions()
 
@@ -36,3 +36,16 @@ def test_bad_options_and_scores_are_clear_errors() -> None:
         TurnTakingOptions(complete_silence_ms=2000, incomplete_silence_ms=1000)
     with pytest.raises(ValueError, match="probability"):
         end_silence_ms(1.5)
+
+
+def test_an_utterance_waits_for_its_score_and_a_stale_score_cannot_end_it_quickly() -> None:
+    wait = EndOfTurnWait()
+    assert wait.wait_ms(last_voiced_ns=1_000) == OPTIONS.pending_silence_ms  # nothing scored yet
+    wait.scored(0.9, heard_until_ns=2_000)
+    assert wait.wait_ms(last_voiced_ns=1_980) == OPTIONS.complete_silence_ms  # it heard every word
+    assert wait.wait_ms(last_voiced_ns=2_500) == OPTIONS.pending_silence_ms  # words came after it
+    wait.scored(None, heard_until_ns=3_000)  # the engine was busy: the earlier score stands
+    assert wait.wait_ms(last_voiced_ns=1_980) == OPTIONS.complete_silence_ms
+    wait.start_utterance()
+    wait.scored(None, heard_until_ns=4_000)
+    assert wait.wait_ms(last_voiced_ns=3_900) == OPTIONS.fallback_silence_ms  # no score to be had
