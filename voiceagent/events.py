@@ -67,6 +67,17 @@ class Interrupted(UninterruptibleEvent):
 
 
 @dataclass(frozen=True)
+class ReplyPaused(UninterruptibleEvent):
+    """The user started to speak over the reply: stop playing it (keep what is queued) until it resumes or
+    is interrupted (voiceagent/barge_in.py)."""
+
+
+@dataclass(frozen=True)
+class ReplyResumed(UninterruptibleEvent):
+    """The speech over the reply carried no real words (a backchannel, a cough): play on where it paused."""
+
+
+@dataclass(frozen=True)
 class TurnError(UninterruptibleEvent):
     """A stage failed, or the turn ran over VOICEAGENT_MAX_TURN_S (`code` "turn_too_long"): the turn ends,
     the session keeps listening."""

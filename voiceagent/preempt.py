@@ -18,8 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from voiceagent.llm import LLM, Message, ProposingLLM, ReplyBlock, ReplyOptions
-from voiceagent.trace import LLM_PREEMPTIVE_CANCEL, LLM_PREEMPTIVE_START, LLM_PROPOSAL_KEPT, Trace
+from voiceagent.llm import LLM, Message, PrefillingLLM, ProposingLLM, ReplyBlock, ReplyOptions
+from voiceagent.trace import (
+    LLM_PREEMPTIVE_CANCEL,
+    LLM_PREEMPTIVE_START,
+    LLM_PREFILL,
+    LLM_PROPOSAL_KEPT,
+    Trace,
+)
 
 
 def reply_stream(
@@ -79,11 +85,29 @@ class PreemptiveReply:
 
 
 class Preemption:
-    """A session's one preemptive reply at a time: started on a partial, dropped, or taken at the final."""
+    """A session's head starts: its stable words fed to the LLM while the user speaks (`prefill`), and one
+    preemptive reply at a time, started on a partial, dropped, or taken at the final."""
 
-    def __init__(self, llm: LLM, options: ReplyOptions, trace: Trace) -> None:
+    def __init__(self, llm: LLM, options: ReplyOptions, trace: Trace, prefill_while_speaking: bool) -> None:
         self.llm, self.options, self.trace = llm, options, trace
+        self.prefill_while_speaking = prefill_while_speaking
         self.reply: PreemptiveReply | None = None
+        self.prefilling: asyncio.Task[bool] | None = None
+        self.prefilled = 0  # words of this utterance fed so far
+
+    def prefill(self, turn: int, messages: Sequence[Message], n_words: int) -> None:
+        """Feeds the user's stable words (the last message, `n_words` long) to the draft model while they
+        speak (see Conversation.prefill), when there are more than last time and none is in flight."""
+        if (
+            not self.prefill_while_speaking
+            or not isinstance(self.llm, PrefillingLLM)
+            or n_words <= self.prefilled
+            or (self.prefilling is not None and not self.prefilling.done())
+        ):
+            return
+        self.prefilled = n_words
+        self.prefilling = asyncio.create_task(self.llm.prefill(messages, draft_only=True))
+        self.trace.write(LLM_PREFILL, turn, words=n_words)
 
     def start(self, turn: int, messages: Sequence[Message], text: str) -> None:
         """Starts the reply to `messages` (the history and the partial `text`) unless it is running; a
@@ -94,6 +118,16 @@ class Preemption:
         self.drop(turn, "the words changed")
         self.reply = PreemptiveReply(self.llm, messages, self.options, proposal)
         self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
+
+    def stream(
+        self, turn: int, messages: Sequence[Message], proposal: Sequence[int]
+    ) -> AsyncIterator[ReplyBlock]:
+        """A new reply to `messages`, verifying `proposal` (a cancelled reply's ids) as its likely start
+        where the LLM can, with `llm.proposal_kept` traced."""
+        blocks = reply_stream(self.llm, messages, self.options, proposal)
+        if proposal and isinstance(self.llm, ProposingLLM):
+            blocks = trace_kept(self.trace, turn, blocks, list(proposal))
+        return blocks
 
     def drop(self, turn: int, reason: str) -> None:
         if self.reply is not None:

@@ -9,12 +9,12 @@ out and how a barge-in knows what the user heard.
   (`pause_ms` of silence) one more partial hears the whole utterance, and the reply starts on it
   preemptively (voiceagent/preempt.py) while the endpointer waits out its end-of-speech silence. At
   speech_end the final transcript reuses that partial; the reply is kept if it answers the same words, else
-  restarted. CPU-heavy calls (ASR, TTS) run in worker threads.
+  restarted with the cancelled reply's ids proposed to it. CPU-heavy calls (ASR, TTS) run in worker threads.
 - The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
   phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
-- Speech from the user while the agent thinks or speaks interrupts the turn: its tasks are cancelled,
-  its queued reply events (`InterruptibleEvent`s) are dropped, and the history keeps only the words
-  already played.
+- Speech from the user while the agent thinks or speaks holds the reply (voiceagent/barge_in.py); real
+  words interrupt the turn: its tasks are cancelled, its queued reply events (`InterruptibleEvent`s) are
+  dropped, and the history keeps only the words already played. A backchannel or a cough resumes it.
 - A failing stage ends the turn with a `TurnError`; the session keeps listening. So does a turn that runs
   over `max_turn_s` (code "turn_too_long"): an utterance that long is cut off there and not answered (the
   session listens again once the user pauses), and a reply still being made after that long is stopped.
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES
+from voiceagent.barge_in import BargeIns
 from voiceagent.clock import Clock
 from voiceagent.events import (
     Event,
@@ -43,15 +44,14 @@ from voiceagent.events import (
     TranscriptPartial,
     TurnError,
 )
-from voiceagent.llm import LLM, PrefillingLLM, ProposingLLM, ReplyBlock, ReplyOptions
-from voiceagent.preempt import Preemption, PreemptiveReply, reply_stream, trace_kept
+from voiceagent.llm import LLM, ReplyBlock, ReplyOptions
+from voiceagent.preempt import Preemption, PreemptiveReply
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
 from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
     ASR_PARTIAL_ERROR,
-    LLM_PREFILL,
     OUT_FIRST_AUDIO,
     OUT_PLAYED,
     TURN_ERROR,
@@ -79,6 +79,9 @@ class SessionOptions:
     prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
     max_turn_s: float | None = None  # longest utterance, and longest reply in the making (None: no limit)
+    # Speech over the reply holds it; without real words it resumes after this long (voiceagent/barge_in.py).
+    # None: any speech over the reply interrupts it at once.
+    resume_after_ms: float | None = 1000.0
 
 
 class Session:
@@ -119,9 +122,15 @@ class Session:
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
         self._paused = False  # the user is silent and the pause partial was started
-        self.preemption = Preemption(llm, self.options.reply, trace)
-        self._prefilling: asyncio.Task[bool] | None = None
-        self._prefilled = ""
+        self.preemption = Preemption(llm, self.options.reply, trace, self.options.prefill_while_speaking)
+        self.barge_ins = BargeIns(
+            clock=clock,
+            trace=trace,
+            events=self._events,
+            interrupt=self._interrupt,
+            playing=self.replier.playing,
+            resume_after_ms=self.options.resume_after_ms,
+        )
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -136,6 +145,7 @@ class Session:
         # Every frame goes to the recogniser: before speech_start it keeps them as pre-roll, since the VAD
         # decides a start only after some voiced audio.
         self.recognizer.push(frame)
+        self.barge_ins.tick(t)
         for edge in self.endpointer.push(frame, t):
             if edge.kind == "speech_start":
                 self._start_utterance(edge)
@@ -174,9 +184,12 @@ class Session:
     # ----- output ----------------------------------------------------------------------------------
 
     async def events(self) -> AsyncIterator[Event]:
-        """The session's events until `close()`; output events of interrupted turns are left out."""
+        """The session's events until `close()`; output events of interrupted turns are left out, those of a
+        held reply wait until it resumes."""
         while (event := await self._events.get()) is not None:
             if isinstance(event, InterruptibleEvent) and event.turn_id in self._dropped_turns:
+                continue
+            if self.barge_ins.holds_back(event):
                 continue
             yield event
 
@@ -195,7 +208,7 @@ class Session:
 
     def _maybe_done_speaking(self, turn: int) -> None:
         """Back to listening (echo guard off) once the turn's reply is complete and all of it played."""
-        if turn == self.turn and not self._replying():
+        if not self._replying():
             self.endpointer.set_guard(False)
         self._update_idle()
 
@@ -215,7 +228,7 @@ class Session:
         current = asyncio.current_task()
         pending = current.cancelling() if current is not None else 0
         self._drop_preemption("session closed")
-        for task in (self._reply, self._decoding, self._prefilling):
+        for task in (self.barge_ins.forget(), self._reply, self._decoding, self.preemption.prefilling):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -231,7 +244,6 @@ class Session:
 
     @property
     def replying(self) -> bool:
-        """The agent is thinking, speaking, or its audio is still playing at the transport."""
         return self._replying()
 
     def _replying(self) -> bool:
@@ -239,17 +251,21 @@ class Session:
         current = asyncio.current_task()
         if self._reply is not None and not self._reply.done() and self._reply is not current:
             return True
-        return self.replier.playing(self.turn)
+        return self.replier.playing(self.turn) or self.barge_ins.replying()
 
     def _start_utterance(self, edge: VadEdgeLike) -> None:
         if self._replying():
-            self._interrupt()
+            if self.barge_ins.enabled:
+                held = self.barge_ins.current()
+                self.barge_ins.hold(held.turn if held is not None else self.turn, self._reply, edge.t_ns)
+            else:
+                self._interrupt()
         self._drop_preemption("new utterance")
         self.turn += 1
         self._utterance_open = True
         self._utterance_start_ns = edge.t_ns
         self._paused = False
-        self._prefilled = ""
+        self.preemption.prefilled = 0
         self._last_partial_ns = edge.confirmed_ns
         self.recognizer.start()
         self._update_idle()
@@ -294,17 +310,22 @@ class Session:
                 self.trace.write(
                     ASR_PARTIAL, turn, stable=transcript.stable, text=transcript.text, pause=pause
                 )
-                # A partial that returns while the user is silent may already hold every word: start
-                # the reply on it; the pause partial then confirms it or starts it again.
-                silent = (pause and self._paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
-                if silent and self.options.preemptive_reply and transcript.text.strip():
-                    self._start_preemption(turn, transcript.text.strip())
-                elif not pause:
-                    self._prefill(turn, transcript.stable.strip())
+                self.barge_ins.heard(transcript.text, final=False)  # real words end a held reply
+                if not self.barge_ins.replying():  # no head start while a held reply may resume
+                    self._head_start(turn, transcript.stable.strip(), transcript.text.strip(), pause)
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write(ASR_PARTIAL_ERROR, turn, message=str(error))
         finally:
             self._decoding = None
+
+    def _head_start(self, turn: int, stable: str, text: str, pause: bool) -> None:
+        """A partial that returns while the user is silent may already hold every word: the reply starts
+        on it (the pause partial then confirms it or starts it again); else the stable words are fed."""
+        silent = (pause and self._paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+        if silent and self.options.preemptive_reply and text:
+            self.preemption.start(turn, self._with_user(text), text)
+        elif not pause:
+            self.preemption.prefill(turn, self._with_user(stable), len(stable.split()))
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:
@@ -315,32 +336,17 @@ class Session:
             return
         self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
         self.trace.write(ASR_FINAL, turn, text=text)
+        if self.barge_ins.heard(text, final=True):  # a backchannel over the reply: it goes on, unanswered
+            self._drop_preemption("backchannel")
+            return
         preempt, proposal = self.preemption.take(turn, self._with_user(text) if text else None)
         if text and turn == self.turn:
             await self._respond(turn, text, preempt, proposal)
         elif preempt is not None:
             preempt.cancel()
 
-    # ----- preemptive replies ----------------------------------------------------------------------
-
-    def _prefill(self, turn: int, stable: str) -> None:
-        """Feeds the user's stable words to the draft model while they speak (see Conversation.prefill)."""
-        if (
-            not self.options.prefill_while_speaking
-            or not isinstance(self.llm, PrefillingLLM)
-            or len(stable.split()) <= len(self._prefilled.split())
-            or (self._prefilling is not None and not self._prefilling.done())
-        ):
-            return
-        self._prefilled = stable
-        self._prefilling = asyncio.create_task(self.llm.prefill(self._with_user(stable), draft_only=True))
-        self.trace.write(LLM_PREFILL, turn, words=len(stable.split()))
-
     def _with_user(self, text: str) -> list[dict[str, str]]:
         return [*self.history, {"role": "user", "content": text}]
-
-    def _start_preemption(self, turn: int, text: str) -> None:
-        self.preemption.start(turn, self._with_user(text), text)
 
     def _drop_preemption(self, reason: str) -> None:
         self.preemption.drop(self.turn, reason)
@@ -356,14 +362,11 @@ class Session:
     ) -> None:
         """The reply to `user_text`: the preemptive one when it was kept, else a new one (verifying
         `proposal`, the ids of a cancelled preemptive reply, as its likely start)."""
-        blocks: AsyncIterator[ReplyBlock]
-        if preempt is not None:
-            blocks = preempt.blocks()
-        else:
-            messages = self._with_user(user_text)
-            blocks = reply_stream(self.llm, messages, self.options.reply, proposal)
-            if proposal and isinstance(self.llm, ProposingLLM):
-                blocks = trace_kept(self.trace, turn, blocks, list(proposal))
+        blocks: AsyncIterator[ReplyBlock] = (
+            preempt.blocks()
+            if preempt is not None
+            else self.preemption.stream(turn, self._with_user(user_text), proposal)
+        )
         try:
             await self.replier.respond(turn, user_text, blocks, preemptive=preempt is not None)
         except ReplyFailed as failure:
@@ -373,11 +376,15 @@ class Session:
                 preempt.cancel()  # a no-op once its stream has ended
             self._maybe_done_speaking(turn)
 
-    def _interrupt(self) -> None:
-        turn = self.turn
-        self._drop_preemption("barge-in")
-        if self._reply is not None and not self._reply.done():
-            self._reply.cancel()
+    def _interrupt(self, turn: int | None = None, task: asyncio.Task[None] | None = None) -> None:
+        """Ends the reply of `turn` (default: the current turn's, made by the current reply task)."""
+        if turn is None:
+            turn, task = self.turn, self._reply
+            self._drop_preemption("barge-in")
+            if (held := self.barge_ins.current()) is not None:  # a typed message over a held reply
+                self._interrupt(held.turn, self.barge_ins.forget())
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
         self._dropped_turns.add(turn)
         heard = self.replier.keep_heard(turn)
         self.endpointer.set_guard(False)

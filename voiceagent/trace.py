@@ -44,6 +44,8 @@ OUT_FIRST_AUDIO = "out.first_audio"
 OUT_PLAYED = "out.played"
 TURN_END = "turn.end"
 TURN_INTERRUPTED = "turn.interrupted"
+TURN_PAUSED = "turn.paused"  # speech over the reply: it is held (voiceagent/barge_in.py)
+TURN_RESUMED = "turn.resumed"  # ... and goes on: the speech carried no real words
 TURN_ERROR = "turn.error"
 # Transport events (gateway/twilio.py): known to the analysis, not part of it.
 TWILIO_START = "twilio.start"
@@ -73,6 +75,8 @@ PIPELINE_EVENTS = frozenset(
         OUT_PLAYED,
         TURN_END,
         TURN_INTERRUPTED,
+        TURN_PAUSED,
+        TURN_RESUMED,
         TURN_ERROR,
     }
 )

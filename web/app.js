@@ -110,6 +110,12 @@ function handle(event) {
     case 'agent.audio.end':
       setStatus(`listening (${state.transport.name})`, 'listening');
       break;
+    case 'agent.paused':  // the user speaks over the reply: it waits, and goes on if they said no words
+      setStatus('paused: listening', 'listening');
+      break;
+    case 'agent.resumed':
+      setStatus('speaking', 'speaking');
+      break;
     case 'interrupted':
       if (turn.agent) turn.agent.classList.add('interrupted');
       state.transport.flushPlayback();

@@ -50,7 +50,9 @@ def test_a_call_hears_the_agent_and_a_barge_in_clears_it() -> None:
             assert words == [w.strip() for w in LONG_REPLY[: len(words)]]
             # the history keeps what the marks returned by playback said was played
             assert heard_samples // WORD_SAMPLES - 1 <= len(words) <= heard_samples // WORD_SAMPLES, words
-            assert caller.marks_sent_back[len(caller.marks_played) :]  # the clear flushed pending marks
+            # The reply was held at the caller's speech_start (nothing more was sent), so by the time its
+            # words cut it everything sent had played: the clear had little or nothing left to flush.
+            assert len(caller.marks_sent_back) - len(caller.marks_played) <= 2
             assert caller.media_bytes < 20 * WORD_SAMPLES  # the whole reply was not sent
             # the second utterance is answered in turn 2
             await caller.wait(lambda: caller.played_samples(2) > 0)

@@ -81,6 +81,30 @@ def test_playout_clear_drops_queued_audio() -> None:
     asyncio.run(scenario())
 
 
+def test_playout_pause_holds_the_turns_audio_until_resume() -> None:
+    """Speech over the reply: nothing more of its audio goes out until it resumes; then all of it does."""
+
+    async def scenario() -> None:
+        clock = FakeClock(start_ns=0)
+        out = Recorder(clock)
+        playout = Playout(clock, 8000, out.send, out.turn_sent, chunk_ms=100, lead_ms=200)
+        running = asyncio.create_task(playout.run())
+        playout.push(SpeechAudio(0, 2, np.ones(8000, dtype=np.int16), 8000, "one second"))
+        await until(lambda: len(out.sent) >= 3)
+        playout.pause(2)
+        sent = len(out.sent)
+        playout.end_turn(2, "done")
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert len(out.sent) <= sent + 1 and not out.done  # at most the chunk already on its way
+        playout.resume(2)
+        await until(lambda: out.done)
+        running.cancel()
+        assert len(out.sent) == 10 and playout.sent_samples(2) == 8000 and out.done == [(2, "done")]
+
+    asyncio.run(scenario())
+
+
 class CancelsTheRunnerOnCleanup(FakeClock):
     """A clock whose sleep never ends by itself. When the playout cancels it (something new woke the
     playout first), it cancels the task running the playout: exactly while that task awaits its own

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from voiceagent.clock import Clock
-from voiceagent.events import Event, Interrupted, SpeechAudio, TurnEnded, TurnError
+from voiceagent.events import Event, Interrupted, ReplyPaused, ReplyResumed, SpeechAudio, TurnEnded, TurnError
 from voiceagent.gateway.hub import LiveSession
 from voiceagent.gateway.playout import OutChunk, Playout
 from voiceagent.gateway.ws_protocol import (
@@ -97,7 +97,11 @@ class Outbound:
         elif isinstance(event, TurnError):
             await self._send_event(event)
             self.playout.end_turn(turn, "error")
+        elif isinstance(event, ReplyPaused | ReplyResumed):
+            (self.playout.pause if isinstance(event, ReplyPaused) else self.playout.resume)(turn)
+            await self._send_event(event)
         elif isinstance(event, Interrupted):
+            self.playout.resume(turn)
             self.playout.clear()
             await self.sink.flush_audio(turn)
             await self._audio_end(turn, interrupted=True)

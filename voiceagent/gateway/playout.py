@@ -10,6 +10,8 @@ model of the listener's playback (each chunk plays after the one before, and not
 - `end_turn(turn, outcome)` says the turn's audio is complete: `on_turn_sent(turn, outcome)` runs once
   its last chunk went out (at once if it had none).
 - `clear()` drops everything queued and forgets the playback model (the listener flushes its buffer).
+- `pause(turn)` stops sending the turn's audio (what was sent, at most `lead_ms`, still plays) until
+  `resume(turn)`: the user spoke over the reply, and it goes on if they said no real words.
 
 Time comes from the injected clock only; on a fake clock the playout runs as fast as it is awaited.
 """
@@ -60,6 +62,7 @@ class Playout:
         self._sent: dict[int, int] = {}  # turn -> samples sent
         self._playing: deque[tuple[int, int, int]] = deque()  # (play end ns, turn, end_sample) unreported
         self._play_end_ns = 0
+        self._paused: set[int] = set()  # turns whose audio waits (pause / resume)
         self._wake = asyncio.Event()
 
     def push(self, event: SpeechAudio) -> None:
@@ -89,6 +92,16 @@ class Playout:
         self._wake.set()
         return turns
 
+    def pause(self, turn: int) -> None:
+        self._paused.add(turn)
+
+    def resume(self, turn: int) -> None:
+        self._paused.discard(turn)
+        self._wake.set()
+
+    def _sendable(self) -> bool:
+        return bool(self._queue) and self._queue[0].turn not in self._paused
+
     def sent_samples(self, turn: int) -> int:
         return self._sent.get(turn, 0)
 
@@ -97,7 +110,7 @@ class Playout:
         while True:
             now = self.clock.now_ns()
             self._report_played(now)
-            if self._queue and now >= self._play_end_ns - self.lead_ns:
+            if self._sendable() and now >= self._play_end_ns - self.lead_ns:
                 await self._send_next(now)
                 continue
             if (done := self._turn_done()) is not None:
@@ -139,7 +152,7 @@ class Playout:
 
     def _next_deadline(self, now: int) -> int | None:
         deadlines = []
-        if self._queue:
+        if self._sendable():
             deadlines.append(self._play_end_ns - self.lead_ns)
         if self._playing:
             deadlines.append(self._playing[0][0])

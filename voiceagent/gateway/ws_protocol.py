@@ -16,6 +16,8 @@ from typing import Any
 from voiceagent.events import (
     Event,
     Interrupted,
+    ReplyPaused,
+    ReplyResumed,
     ReplyText,
     SpeechEnded,
     SpeechStarted,
@@ -122,6 +124,10 @@ def event_message(event: Event) -> dict[str, Any] | None:
         return error_message(event.code, event.message, stage=event.stage, turn=turn)
     if isinstance(event, Interrupted):
         return {"type": "interrupted", "turn": turn, "spoken_text": event.spoken_text}
+    if isinstance(event, ReplyPaused):
+        return {"type": "agent.paused", "turn": turn}
+    if isinstance(event, ReplyResumed):
+        return {"type": "agent.resumed", "turn": turn}
     return None
 
 

@@ -1,0 +1,166 @@
+"""False interruptions recover: a barge-in pauses the reply first, and only real words end it.
+
+When the user starts to speak over the agent (the VAD's speech_start while a reply is being made or
+played), the reply is *held*: its output events stop at the session's event stream at once (the transport
+then plays out at most what it already has: the gateway keeps <= 100 ms ahead), while the LLM and TTS go
+on making it. What the user turns out to have said decides:
+
+- a partial or final transcript with real words: the reply is interrupted as before (its queued audio is
+  dropped, the history keeps the words heard up to the pause) and the user's words are answered;
+- a final with no words or only backchannels ("mm-hmm", "yeah", "okay"; a cough that Whisper writes as
+  nothing or "(coughs)"): the reply resumes where it paused and the history is unchanged;
+- no real words within `resume_after_ms` (1 s) of the pause: the reply resumes anyway; real words heard
+  later still interrupt it.
+
+`HeldReply` is the session's record of one held reply; `is_backchannel` the words rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from voiceagent.clock import Clock
+from voiceagent.events import Event, InterruptibleEvent, ReplyPaused, ReplyResumed
+from voiceagent.trace import TURN_PAUSED, TURN_RESUMED, Trace
+
+# Words that acknowledge without taking the turn. Matched on whole transcripts, case and punctuation
+# aside, so "yeah" resumes the reply while "yeah but what about Tuesday" interrupts it.
+BACKCHANNEL_WORDS = frozenset(
+    {
+        "mm", "mmm", "mhm", "mmhmm", "mm-hmm", "hmm", "hm", "uh-huh", "uh", "huh", "um", "ah", "oh", "yeah",
+        "yes", "yep", "yup", "ok", "okay", "right", "sure", "alright", "i", "see", "got", "it", "cool",
+        "nice", "wow", "true", "exactly", "totally", "good", "great",
+    }
+)  # fmt: skip
+_NOISE = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "(coughs)", "[MUSIC]", "*sighs*"
+MAX_BACKCHANNEL_WORDS = 3
+
+
+def is_backchannel(text: str) -> bool:
+    """True for a transcript without real words: empty, noise only, or up to three backchannel words."""
+    words = re.findall(r"[\w'-]+", _NOISE.sub(" ", text.lower()))
+    return len(words) <= MAX_BACKCHANNEL_WORDS and all(w.strip("-'") in BACKCHANNEL_WORDS for w in words)
+
+
+@dataclass
+class HeldReply:
+    """A reply paused by a possible barge-in: its task goes on; its output events wait in `queued`."""
+
+    turn: int
+    task: asyncio.Task[None] | None
+    paused_ns: int  # when the user's speech paused it (the frame's time)
+    paused: bool = True
+    queued: deque[Event] = field(default_factory=deque)
+
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+class BargeIns:
+    """A session's barge-ins: holds the reply at the user's speech_start, then interrupts or resumes it.
+
+    `interrupt(turn, task)` is the session's own barge-in (cancel the reply's task, keep the heard words,
+    emit `Interrupted`); `playing(turn)` says whether the transport has yet to play some of its audio.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        trace: Trace,
+        events: asyncio.Queue[Event | None],
+        interrupt: Callable[[int, asyncio.Task[None] | None], None],
+        playing: Callable[[int], bool],
+        resume_after_ms: float | None,
+    ) -> None:
+        self.clock, self.trace, self.events, self.playing = clock, trace, events, playing
+        self._interrupt, self.resume_after_ms = interrupt, resume_after_ms
+        self.held: HeldReply | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.resume_after_ms is not None
+
+    def hold(self, turn: int, task: asyncio.Task[None] | None, t_ns: int) -> None:
+        """The user started to speak over the reply of `turn` (made by `task`) at `t_ns`: its output
+        waits from now on. Speech over a reply already held and resumed pauses that one again."""
+        held = self.current()
+        if held is None:
+            held = self.held = HeldReply(turn, task, t_ns)
+        elif held.paused:
+            return
+        held.paused, held.paused_ns = True, t_ns
+        self.events.put_nowait(ReplyPaused(self.clock.now_ns(), turn))
+        self.trace.write(TURN_PAUSED, turn)
+
+    def tick(self, t_ns: int) -> None:
+        """An input frame at `t_ns`: a reply paused for resume_after_ms without real words goes on."""
+        held = self.held
+        if held is not None and held.paused and self.resume_after_ms is not None:
+            if t_ns - held.paused_ns >= self.resume_after_ms * 1_000_000:
+                self.resume("no words in time")
+
+    def holds_back(self, event: Event) -> bool:
+        """True if `event` belongs to the paused reply: it is kept until the reply resumes or is dropped."""
+        held = self.held
+        if held is None or not held.paused or event.turn_id != held.turn:
+            return False
+        if not isinstance(event, InterruptibleEvent):
+            return False
+        held.queued.append(event)
+        return True
+
+    def heard(self, text: str, *, final: bool) -> bool:
+        """The interrupting utterance's transcript so far (`final`: all of it). Real words end the held
+        reply (`Interrupted`); a final without them lets it go on, and True says it is not to be answered."""
+        held = self.current()
+        if held is None:
+            return False
+        if not is_backchannel(text):
+            self.drop()
+            self._interrupt(held.turn, held.task)
+            return False
+        if final:
+            self.resume("no words" if not text.strip() else "backchannel", text)
+            return True
+        return False
+
+    def resume(self, reason: str, text: str = "") -> None:
+        """The reply goes on where it paused (its held events first), the history unchanged."""
+        held = self.held
+        if held is None or not held.paused:
+            return
+        held.paused = False
+        pending = []  # the session's events not yet taken: after the resumed reply's held ones
+        while not self.events.empty():
+            pending.append(self.events.get_nowait())
+        for event in [ReplyResumed(self.clock.now_ns(), held.turn), *held.queued, *pending]:
+            self.events.put_nowait(event)
+        held.queued.clear()
+        self.trace.write(TURN_RESUMED, held.turn, reason=reason, text=text)
+
+    def current(self) -> HeldReply | None:
+        """The held (or resumed) reply while it is still being made or played; else None."""
+        held = self.held
+        if held is not None and not (held.alive() or held.queued or self.playing(held.turn)):
+            self.drop()
+            return None
+        return held
+
+    def replying(self) -> bool:
+        """A held reply is still being made, or its audio is still to be played."""
+        return self.current() is not None
+
+    def forget(self) -> asyncio.Task[None] | None:
+        """Drops the held reply (see `drop`); returns its task if it is still being made or played."""
+        held = self.current()
+        self.drop()
+        return held.task if held is not None else None
+
+    def drop(self) -> None:
+        """The held reply is interrupted, over, or the session closes: forget it (and its queued events)."""
+        self.held = None
