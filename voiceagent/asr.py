@@ -40,8 +40,10 @@ import numpy as np
 from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
+from voiceagent.asr_text import collapse_repeats, drop_echo, text_key, words_of
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float
 from voiceagent.speech_models import DEFAULT_WHISPER, whisper_model_dir
+from voiceagent.stages import RecognizerLike
 
 __all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
 
@@ -106,6 +108,10 @@ def _words_text(words: list[Word]) -> str:
     return "".join(w.text for w in words)
 
 
+def _keys(text: str) -> list[str]:
+    return [text_key(w) for w in text.split()]
+
+
 def _common_prefix(a: list[Word], b: list[Word]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n].key == b[n].key:
@@ -139,13 +145,15 @@ class WhisperDecoder:
         self.tokenizer = Tokenizer(model.hf_tokenizer, multilingual, task="transcribe", language=language)
 
     def text(self, audio: np.ndarray, prompt: str) -> str:
-        """audio: [n] float32 at 16 kHz -> its transcript (empty for no speech)."""
-        return self._run(audio, prompt)[0]
+        """audio: [n] float32 at 16 kHz -> its transcript (empty for no speech), repetition loops undone."""
+        return "".join(collapse_repeats(words_of(self._run(audio, prompt)[0]), text_key)).strip()
 
     def words(self, audio: np.ndarray, prompt: str, offset_s: float) -> list[Word]:
         """As `text`, split into words timed by cross-attention alignment, shifted by `offset_s`."""
         _, tokens, encoder_output, n_frames = self._run(audio, prompt)
-        return self._align(tokens, encoder_output, n_frames, offset_s) if tokens else []
+        if not tokens:
+            return []
+        return collapse_repeats(self._align(tokens, encoder_output, n_frames, offset_s), lambda w: w.key)
 
     def _run(self, audio: np.ndarray, prompt: str) -> tuple[str, list[int], object, int]:
         if audio.size < FRAME_SAMPLES:
@@ -287,8 +295,7 @@ class StreamingRecognizer:
             if self._last_end > 0 and self._last_end >= speech_end + FINAL_MARGIN_S * SAMPLE_RATE:
                 text = self._last_text
             else:
-                self._trim(audio.size, sentences_only=True)  # stable sentences need not be heard again
-                text = _join(self._prefix, _words_text(self._agreed + self._pass(audio)))
+                text = self._final_pass(audio)
             with self._lock:
                 self._active = False
                 self._frames = []
@@ -299,7 +306,25 @@ class StreamingRecognizer:
         """One decode of the window: its words after the stable ones."""
         self._fit(audio)
         window = audio[self._window_start :]
-        return self._tail(self._decoder.words(window, self._prefix, self._window_start / SAMPLE_RATE))
+        words = self._decoder.words(window, self._prefix, self._window_start / SAMPLE_RATE)
+        return self._tail(drop_echo(_keys(self._prefix), words, lambda w: w.key))
+
+    def _final_pass(self, audio: np.ndarray) -> str:
+        """The final when no partial heard all the speech: one pass over only the audio after the last
+        stable word (all stable text is its prompt), untimed (no alignment). On real speech the stable words
+        cover most of an utterance by its end, so this hears a second or two instead of all of it (the
+        endpointer's 320 ms wait may pass without a partial that heard it all: partials back to back on a
+        busy CPU)."""
+        if not self._agreed:
+            text = self._decoder.text(audio[self._window_start :], self._prefix)
+            return _join(self._prefix, "".join(drop_echo(_keys(self._prefix), words_of(text), text_key)))
+        # The window starts at the last stable word, heard again: a word's aligned end is often late, and a
+        # window cut there began inside the next word ("made amiable" came back as "made be a bull").
+        *before, last = self._agreed
+        prompt = _join(self._prefix, _words_text(before))
+        start = max(self._window_start, int(last.start * SAMPLE_RATE))
+        tail = drop_echo(_keys(prompt), words_of(self._decoder.text(audio[start:], prompt)), text_key)
+        return _join(prompt, _words_text([last]), "".join(tail[1:]))  # tail[0]: the stable word again
 
     def _tail(self, words: list[Word]) -> list[Word]:
         """The pass's words after the agreed ones: by position when it repeats them, else by text and time."""
@@ -345,3 +370,16 @@ class StreamingRecognizer:
             cut = int((done[-1].cut if done else keep_until) * SAMPLE_RATE)
             self._prefix = _join(self._prefix, _words_text(done))
             self._window_start = max(cut, self._window_start + SAMPLE_RATE)
+
+
+MOONSHINE = "moonshine-base"  # the ASR model name of Moonshine base English (voiceagent/moonshine.py)
+
+
+def new_recognizer(model: str = DEFAULT_WHISPER) -> RecognizerLike:
+    """A session's recogniser for an ASR model (VOICEAGENT_ASR_MODEL): "tiny.en", "base", a CTranslate2
+    Whisper directory, or "moonshine-base". The model itself loads once per process."""
+    if model == MOONSHINE:
+        from voiceagent.moonshine import MoonshineRecognizer  # onnxruntime only; no faster-whisper model
+
+        return MoonshineRecognizer()
+    return StreamingRecognizer(options=AsrOptions(model=model))

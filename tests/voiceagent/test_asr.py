@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from tests.fakes import espeak_speech, silence, voiced_bounds
-from voiceagent.asr import AsrOptions, StreamingRecognizer, Transcript, load_whisper
+from voiceagent.asr import AsrOptions, StreamingRecognizer, Transcript, Word, load_whisper
+from voiceagent.asr_text import collapse_repeats, text_key, words_of
 from voiceagent.audio import FRAME_SAMPLES, frames
+from voiceagent.real_speech import load_clips
 from voiceagent.wer import normalized_words, word_error_rate
 
 SENTENCES = [
@@ -127,13 +129,13 @@ def test_the_final_of_a_long_utterance_decodes_only_the_audio_after_the_stable_t
     for frame in frames(utterance[speech_end - new_speech :]):
         streaming.push(frame)
     decoded: list[int] = []  # samples the final's passes hear
-    words = streaming._decoder.words
+    text = streaming._decoder.text
 
-    def heard(audio: np.ndarray, prompt: str, offset_s: float) -> Any:
+    def heard(audio: np.ndarray, prompt: str) -> Any:
         decoded.append(audio.size)
-        return words(audio, prompt, offset_s)
+        return text(audio, prompt)
 
-    streaming._decoder.words = heard  # type: ignore[method-assign]
+    streaming._decoder.text = heard  # type: ignore[method-assign]
     tail_s, final = cpu_seconds(streaming.decode_final)
 
     whole = StreamingRecognizer(whisper)
@@ -145,7 +147,7 @@ def test_the_final_of_a_long_utterance_decodes_only_the_audio_after_the_stable_t
     assert word_error_rate(" ".join(LONG), final) <= 0.2, final
     assert word_error_rate(" ".join(LONG), reference) <= 0.2, reference
     assert final.startswith(partials[-1].stable)
-    assert 0 < sum(decoded) < 0.5 * utterance.size  # only the audio after the last stable sentence
+    assert 0 < sum(decoded) < 0.5 * utterance.size  # only the audio after the last stable word
     assert whole_s > 1.3 * tail_s  # CPU time, noisy: measured 1.9-3.6x
 
 
@@ -198,3 +200,105 @@ def test_bad_input_is_a_clear_error(whisper: Any) -> None:
         AsrOptions(beam_size=0)
     with pytest.raises(ValueError, match="unknown Whisper model"):
         load_whisper("huge")
+
+
+# ----- regression tests of two defects seen on real speech (issue 15) -----------------------------------
+
+
+def has_repeated_phrase(text: str) -> bool:
+    words = normalized_words(text)
+    return any(words[i : i + n] == words[i + n : i + 2 * n] for n in (2, 3, 4) for i in range(len(words)))
+
+
+def test_a_short_command_is_not_transcribed_as_a_repetition_loop(whisper: Any) -> None:
+    """Real speech: "ten of clubs" (1.1 s, pocketsphinx's test data) in an 8 s window came out of tiny.en as
+    "10 of clubs 10 of clubs 10 of clubs 10 of clubs", partials and final alike."""
+    clip = load_clips(("cards-001",), log=lambda _: None)[0]
+    recognizer = StreamingRecognizer(whisper)
+    recognizer.start()
+    partials: list[Transcript] = []
+    for i, frame in enumerate(frames(np.concatenate([clip.audio, silence(0.4)])), 1):
+        recognizer.push(frame)
+        if i % 15 == 0:  # every 300 ms, as the session asks
+            partials.append(recognizer.decode_partial())
+    final = recognizer.decode_final(400)
+    assert not any(has_repeated_phrase(p.text) for p in partials), partials
+    assert word_error_rate(clip.text, final) == 0.0, final
+
+
+class ScriptedDecoder:
+    """Stands in for WhisperDecoder: words timed as given; `text` answers what the test scripts."""
+
+    def __init__(self, timed_words: list[tuple[str, float, float]], final_text: str) -> None:
+        self.timed_words, self.final_text = timed_words, final_text
+        self.final_windows: list[int] = []  # samples each final pass heard
+
+    def words(self, audio: np.ndarray, prompt: str, offset_s: float) -> list[Word]:
+        heard_s = offset_s + audio.size / 16000
+        return [Word(t, s, e, e) for t, s, e in self.timed_words if e <= heard_s]
+
+    def text(self, audio: np.ndarray, prompt: str) -> str:
+        self.final_windows.append(audio.size)
+        return self.final_text
+
+
+def test_the_final_does_not_repeat_the_stable_text_a_pass_said_again(whisper: Any) -> None:
+    """ "Tell me a joke. Tell me a joke about the sea": the final's pass, prompted with the stable text,
+    began by saying that text again, and both were joined. The repeat is dropped."""
+    spoken = [(" Tell", 0.1, 0.3), (" me", 0.3, 0.45), (" a", 0.45, 0.5), (" joke.", 0.5, 0.9)]
+    decoder = ScriptedDecoder(spoken, "Tell me a joke about the sea.")
+    recognizer = StreamingRecognizer(whisper)
+    recognizer._decoder = decoder  # type: ignore[assignment]
+    recognizer.start(pre_roll_ms=0)
+    for i, frame in enumerate(frames(np.ones(int(2.6 * 16000), np.int16)), 1):
+        recognizer.push(frame)
+        if i in (75, 90):  # two passes agree on all four words, 0.6 s and more after them
+            stable = recognizer.decode_partial().stable
+    assert stable == "Tell me a joke."
+    assert recognizer.decode_final(0) == "Tell me a joke. about the sea."
+    assert decoder.final_windows and decoder.final_windows[0] <= int(2.1 * 16000)  # from "joke." on
+
+
+def test_a_final_without_a_partial_that_heard_everything_decodes_only_the_audio_after_the_stable_words(
+    whisper: Any,
+) -> None:
+    """Real speech (LibriVox, 7 s): partials every 300 ms up to the end of speech, none after it (the CPU
+    was busy). The final's pass heard the whole utterance again, 600-870 ms on a slow CPU; now it hears the
+    audio from the last stable word on."""
+    clip = load_clips(("librivox-0870",), log=lambda _: None)[0]
+    end = int(voiced_bounds(clip.audio)[1] * 16000)
+    recognizer = StreamingRecognizer(whisper)
+    recognizer.start(pre_roll_ms=0)
+    partials: list[Transcript] = []
+    for i, frame in enumerate(frames(clip.audio[:end]), 1):
+        recognizer.push(frame)
+        if i % 15 == 0:
+            partials.append(recognizer.decode_partial())
+    for frame in frames(silence(0.34)):
+        recognizer.push(frame)
+    decoded: list[int] = []
+    text = recognizer._decoder.text
+
+    def heard(audio: np.ndarray, prompt: str) -> Any:
+        decoded.append(audio.size)
+        return text(audio, prompt)
+
+    recognizer._decoder.text = heard  # type: ignore[method-assign]
+    final = recognizer.decode_final(340)
+    assert final.startswith(partials[-1].stable) and len(normalized_words(partials[-1].stable)) >= 10
+    assert len(decoded) == 1 and decoded[0] < 0.4 * end, (decoded, end)
+    assert word_error_rate(clip.text, final) <= 0.15, final
+
+
+@pytest.mark.parametrize(
+    ("decoded", "kept"),
+    [
+        ("10 of clubs 10 of clubs 10 of clubs 10 of", "10 of clubs"),
+        ("5 5 5 5 5 5 5", "5 5"),  # "five five" is speech; more in a row is a loop
+        ("Tell me a joke. Tell me a joke about the sea", "Tell me a joke about the sea"),
+        ("five five", "five five"),
+        ("the man saw the dog and the man", "the man saw the dog and the man"),
+    ],
+)
+def test_repetition_loops_keep_one_copy(decoded: str, kept: str) -> None:
+    assert "".join(collapse_repeats(words_of(decoded), text_key)).strip() == kept
