@@ -45,7 +45,14 @@ from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float
 from voiceagent.speech_models import DEFAULT_WHISPER, whisper_model_dir
 from voiceagent.stages import RecognizerLike
 
-__all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
+__all__ = [
+    "AsrOptions",
+    "StreamingRecognizer",
+    "Transcript",
+    "load_asr_model",
+    "load_whisper",
+    "new_recognizer",
+]
 
 WHISPER_MAX_S = 30.0  # Whisper's encoder cannot see more than this at once
 FINAL_MARGIN_S = 0.1  # a partial counts as final only if it heard this much past the end of speech
@@ -373,6 +380,15 @@ class StreamingRecognizer:
 
 
 MOONSHINE = "moonshine-base"  # the ASR model name of Moonshine base English (voiceagent/moonshine.py)
+
+
+def load_asr_model(model: str = DEFAULT_WHISPER) -> object:
+    """Loads (once per process) the model behind `new_recognizer(model)`: at start-up, not in a turn."""
+    if model == MOONSHINE:
+        from voiceagent.moonshine import load_moonshine
+
+        return load_moonshine()
+    return load_whisper(model)
 
 
 def new_recognizer(model: str = DEFAULT_WHISPER) -> RecognizerLike:

