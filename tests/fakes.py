@@ -190,6 +190,12 @@ class FakeEndpointer:
     def set_guard(self, active: bool) -> None:
         self.guarded = active
 
+    def last_voiced_ns(self) -> int:
+        return self._last_voiced_end
+
+    def set_end_silence_ms(self, ms: int) -> None:
+        self.end_frames = max(1, -(-ms * 1_000_000 // self.frame_ns))
+
 
 class FakeTranscript:
     def __init__(self, stable: str, text: str) -> None:

@@ -7,6 +7,7 @@ turn pays a load. Each session gets its own endpointer, recogniser state, LLM co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from voiceagent.speech_models import (
 )
 from voiceagent.trace import Trace
 from voiceagent.tts import Synthesizer, load_synthesizer
+from voiceagent.turn_taking import TurnTakingOptions
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
 Log = Callable[[str], None]
@@ -90,7 +92,12 @@ class Pipeline:
             self.template_llm = llm
 
     def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session:
+        """A session on the shared models; its end-of-turn policy comes from the settings (VOICEAGENT_TURN_*)
+        unless `options` turned it off (turn_taking None)."""
         options = options or SessionOptions(output_rate=self.settings.output_rate)
+        if options.turn_taking is not None:
+            turn_taking = TurnTakingOptions.from_settings(self.settings) if self.settings.turn_score else None
+            options = dataclasses.replace(options, turn_taking=turn_taking)
         return Session(
             endpointer=Endpointer(VadOptions(end_silence_ms=self.settings.end_silence_ms), self.silero),
             recognizer=new_recognizer(self.settings.asr_model),

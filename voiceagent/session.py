@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ import numpy as np
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES
 from voiceagent.barge_in import BargeIns
 from voiceagent.clock import Clock
+from voiceagent.endpointing import ScoredEndpointing
 from voiceagent.events import (
     Event,
     Interrupted,
@@ -44,9 +44,10 @@ from voiceagent.events import (
     TranscriptPartial,
     TurnError,
 )
-from voiceagent.llm import LLM, ReplyBlock, ReplyOptions
+from voiceagent.llm import LLM, ReplyBlock
 from voiceagent.preempt import Preemption, PreemptiveReply
 from voiceagent.reply import Replier, ReplyFailed
+from voiceagent.session_options import SessionOptions
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
 from voiceagent.trace import (
     ASR_FINAL,
@@ -61,27 +62,6 @@ from voiceagent.trace import (
     Trace,
 )
 from voiceagent.tts import Synthesizer
-
-SPEECH_SYSTEM_PROMPT = (
-    "You are a friendly voice assistant talking with someone on a call. Answer in one or two short "
-    "spoken sentences. Use plain words only: no lists, no markdown, no code, no emoji."
-)
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    system_prompt: str = SPEECH_SYSTEM_PROMPT
-    output_rate: int = 16000  # the transport's rate for the agent's audio
-    partial_every_ms: int = 300  # partial transcripts while the user speaks
-    echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
-    pause_ms: int = 100  # silence after which one partial hears the whole utterance (< the end silence)
-    preemptive_reply: bool = True  # start the reply on that partial, before speech_end
-    prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come
-    reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
-    max_turn_s: float | None = None  # longest utterance, and longest reply in the making (None: no limit)
-    # Speech over the reply holds it; without real words it resumes after this long (voiceagent/barge_in.py).
-    # None: any speech over the reply interrupts it at once.
-    resume_after_ms: float | None = 1000.0
 
 
 class Session:
@@ -122,6 +102,7 @@ class Session:
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
         self._paused = False  # the user is silent and the pause partial was started
+        self.endpointing = ScoredEndpointing(llm, endpointer, self.options.turn_taking, clock, trace)
         self.preemption = Preemption(llm, self.options.reply, trace, self.options.prefill_while_speaking)
         self.barge_ins = BargeIns(
             clock=clock,
@@ -146,6 +127,7 @@ class Session:
         # decides a start only after some voiced audio.
         self.recognizer.push(frame)
         self.barge_ins.tick(t)
+        self.endpointing.before_frame()
         for edge in self.endpointer.push(frame, t):
             if edge.kind == "speech_start":
                 self._start_utterance(edge)
@@ -166,11 +148,11 @@ class Session:
         if paused:
             if not self._paused and self._decoding is None:
                 self._paused = True
-                self._decoding = asyncio.create_task(self._partial(self.turn, pause=True))
+                self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=True))
             return
         if t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000 and self._decoding is None:
             self._last_partial_ns = t
-            self._decoding = asyncio.create_task(self._partial(self.turn))
+            self._decoding = asyncio.create_task(self._partial(self.turn, t))
 
     async def push_text(self, text: str) -> None:
         """A typed user message: answered like a final transcript (interrupting any reply)."""
@@ -268,6 +250,7 @@ class Session:
         self.preemption.prefilled = 0
         self._last_partial_ns = edge.confirmed_ns
         self.recognizer.start()
+        self.endpointing.start_utterance()
         self._update_idle()
         self._emit(SpeechStarted(edge.t_ns, self.turn))
         self.trace.write(VAD_SPEECH_START, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
@@ -302,9 +285,13 @@ class Session:
         self._reply.add_done_callback(lambda _: self._update_idle())
         self._update_idle()
 
-    async def _partial(self, turn: int, pause: bool = False) -> None:
+    async def _partial(self, turn: int, t_ns: int, pause: bool = False) -> None:
+        """A partial transcript of the audio up to the frame at `t_ns`: traced, scored, and a head start."""
         try:
             transcript = await asyncio.to_thread(self.recognizer.decode_partial)
+            if turn == self.turn and self._utterance_open:
+                heard_until = t_ns + FRAME_MS * 1_000_000
+                await self.endpointing.score(turn, self._with_user(transcript.text.strip()), heard_until)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(

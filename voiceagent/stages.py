@@ -33,6 +33,10 @@ class EndpointerLike(Protocol):
 
     def set_guard(self, active: bool) -> None: ...
 
+    def last_voiced_ns(self) -> int: ...  # the end of the last voiced audio
+
+    def set_end_silence_ms(self, ms: int) -> None: ...  # the silence that ends speech, from now on
+
 
 class TranscriptLike(Protocol):
     @property

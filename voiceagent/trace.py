@@ -31,6 +31,7 @@ VAD_SPEECH_END = "vad.speech_end"
 ASR_PARTIAL = "asr.partial"
 ASR_PARTIAL_ERROR = "asr.partial_error"
 ASR_FINAL = "asr.final"
+TURN_SCORE = "turn.score"  # a partial's end-of-turn score, its cost and the wait it set (endpointing.py)
 # The reply (session.py, reply.py).
 LLM_PREFILL = "llm.prefill"
 LLM_PREEMPTIVE_START = "llm.preemptive_start"
@@ -63,6 +64,7 @@ PIPELINE_EVENTS = frozenset(
         ASR_PARTIAL,
         ASR_PARTIAL_ERROR,
         ASR_FINAL,
+        TURN_SCORE,
         LLM_PREFILL,
         LLM_PREEMPTIVE_START,
         LLM_PREEMPTIVE_CANCEL,

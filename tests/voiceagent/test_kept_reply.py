@@ -73,7 +73,7 @@ def test_a_changed_final_keeps_the_verified_reply(pipeline: Pipeline, tmp_path: 
     audio = np.concatenate([silence(0.4), espeak_speech("What is the capital of France", tmp_path)])
     flipping = FlippingPipeline(pipeline)
     trace_path = tmp_path / "trace.jsonl"
-    options = SessionOptions(output_rate=16000)
+    options = SessionOptions(output_rate=16000, turn_taking=None)  # the fixed, long end silence above
     result = asyncio.run(talk(audio, flipping, trace_path=trace_path, options=options))  # type: ignore[arg-type]
     records = [json.loads(line) for line in trace_path.read_text().splitlines()]
     events = [r["event"] for r in records]

@@ -1,0 +1,120 @@
+"""The session ends a turn by the end-of-turn score of its partials (fake stages): complete words end it
+after a short silence, a sentence paused mid-way is heard as one turn, and without a score the fixed
+silence rule holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
+from tests.voiceagent.test_session import LOUD, QUIET, Harness, run
+from voiceagent.events import SpeechEnded, TranscriptFinal, TurnEnded
+from voiceagent.session import SessionOptions
+from voiceagent.turn_taking import TurnTakingOptions
+
+TURN_TAKING = TurnTakingOptions(complete_silence_ms=120, incomplete_silence_ms=1500, pending_silence_ms=700)
+
+
+class VoicedWordsRecognizer(FakeRecognizer):
+    """Hears one word of `text` per 10 voiced frames (silence adds none, unlike FakeRecognizer)."""
+
+    def start(self) -> None:
+        super().start()
+        self.frames = 1  # the voiced frame that started the utterance came just before (its pre-roll)
+
+    def push(self, frame: Any) -> None:
+        self.frames += int(np.abs(frame.astype(np.int32)).max() > 1000)
+
+    def decode_partial(self) -> FakeTranscript:
+        words = self.text.split()[: self.frames // 10]
+        return FakeTranscript(" ".join(words[:-1]), " ".join(words))
+
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+        return " ".join(self.text.split()[: self.frames // 10])
+
+
+class ScoringLLM(FakeLLM):
+    """Scores a user's words as complete when they end with one of `complete_after`; records the calls."""
+
+    def __init__(self, complete_after: Sequence[str] = ("sister", "there")) -> None:
+        super().__init__(delay_s=0.01)
+        self.complete_after = tuple(complete_after)
+        self.scored: list[str] = []
+
+    async def end_of_turn_probability(self, messages: Any) -> float | None:
+        words = messages[-1]["content"]
+        self.scored.append(words)
+        return 0.9 if words.rstrip(" .?!").endswith(self.complete_after) else 0.0001
+
+
+def endpoint_wait_ms(h: Harness) -> float:
+    ended = h.of(SpeechEnded)[0]
+    return (ended.confirmed_ns - ended.t_ns) / 1e6
+
+
+def ask(voiced: int) -> Any:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, voiced)
+        await h.frames(QUIET, 40)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+
+    return scenario
+
+
+def test_complete_words_end_the_turn_after_a_short_silence() -> None:
+    llm = ScoringLLM()
+    options = SessionOptions(turn_taking=TURN_TAKING)
+    h = run(ask(20), llm=llm, recognizer=VoicedWordsRecognizer("hello there"), options=options)
+    assert [e.text for e in h.of(TranscriptFinal)] == ["hello there"]
+    assert 100 <= endpoint_wait_ms(h) < 180, endpoint_wait_ms(h)  # the fake's own rule: 180 ms
+    scores = [r for r in h.trace.records if r["event"] == "turn.score"]
+    assert scores and scores[-1]["score"] == 0.9 and scores[-1]["wait_ms"] == 120
+
+
+def test_a_sentence_paused_mid_way_is_heard_as_one_turn() -> None:
+    """ "remind me to" ... 0.6 s ... "call my sister": the incomplete words keep the turn open."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 30)  # a 600 ms pause after "to"
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 40)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+
+    llm = ScoringLLM()
+    recognizer = VoicedWordsRecognizer("remind me to call my sister")
+    h = run(scenario, llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
+    assert [e.text for e in h.of(TranscriptFinal)] == ["remind me to call my sister"]
+    assert len(h.of(SpeechEnded)) == 1 and "remind me to" in llm.scored
+    assert llm.histories[-1][-1] == {"role": "user", "content": "remind me to call my sister"}
+
+
+def test_the_same_pause_cuts_the_turn_under_the_silence_rule() -> None:
+    """Without a scoring LLM the endpointer keeps its fixed rule and the pause ends the turn: two turns."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 30)
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 40)
+        await h.settle(lambda: len(h.of(TurnEnded)) == 2)
+
+    recognizer = VoicedWordsRecognizer("remind me to call my sister")
+    h = run(scenario, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
+    assert len(h.of(SpeechEnded)) == 2 and not [r for r in h.trace.records if r["event"] == "turn.score"]
+
+
+def test_turn_taking_off_keeps_the_silence_rule_with_a_scoring_llm() -> None:
+    llm = ScoringLLM()
+    h = run(
+        ask(20),
+        llm=llm,
+        recognizer=VoicedWordsRecognizer("hello there"),
+        options=SessionOptions(turn_taking=None),
+    )
+    assert endpoint_wait_ms(h) >= 180 and not llm.scored  # the fake endpointer's own 10 frames

@@ -1,0 +1,55 @@
+"""The session's end of turn: the endpointer's silence wait set from the draft model's end-of-turn score.
+
+Each partial transcript is scored (`TurnScoringLLM.end_of_turn_probability`: one draft forward on a warm
+cache, engine/turn_end.py) and `EndOfTurnWait` (voiceagent/turn_taking.py) turns the latest score into the
+silence that ends the turn; every input frame sets it on the endpointer before the endpointer hears the
+frame. Without a scoring LLM (a remote server) or with `SessionOptions.turn_taking` None, the endpointer
+keeps its fixed silence rule. Each score is traced (`turn.score`: the score, what it cost, the wait).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from voiceagent.clock import Clock
+from voiceagent.llm import LLM, Message, TurnScoringLLM
+from voiceagent.stages import EndpointerLike
+from voiceagent.trace import TURN_SCORE, Trace
+from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
+
+
+class ScoredEndpointing:
+    """Sets the endpointer's wait from the scores of an utterance's partials (see the module docstring)."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        endpointer: EndpointerLike,
+        options: TurnTakingOptions | None,
+        clock: Clock,
+        trace: Trace,
+    ) -> None:
+        self.endpointer, self.clock, self.trace = endpointer, clock, trace
+        self.scorer = llm if options is not None and isinstance(llm, TurnScoringLLM) else None
+        self.wait = EndOfTurnWait(options) if self.scorer is not None and options is not None else None
+
+    def start_utterance(self) -> None:
+        if self.wait is not None:
+            self.wait.start_utterance()
+
+    def before_frame(self) -> None:
+        """Called for each input frame before the endpointer hears it: the wait the latest score says."""
+        if self.wait is not None:
+            self.endpointer.set_end_silence_ms(self.wait.wait_ms(self.endpointer.last_voiced_ns()))
+
+    async def score(self, turn: int, messages: Sequence[Message], heard_until_ns: int) -> None:
+        """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio)."""
+        if self.scorer is None or self.wait is None or not messages[-1]["content"].strip():
+            return
+        started = self.clock.now_ns()
+        score = await self.scorer.end_of_turn_probability(messages)
+        self.wait.scored(score, heard_until_ns)
+        wait = self.wait.wait_ms(self.endpointer.last_voiced_ns())
+        self.trace.write(
+            TURN_SCORE, turn, score=score, ms=(self.clock.now_ns() - started) / 1e6, wait_ms=wait
+        )
