@@ -3,12 +3,16 @@
 Each partial transcript is scored (`TurnScoringLLM.end_of_turn_probability`: one draft forward on a warm
 cache, engine/turn_end.py) and `EndOfTurnWait` (voiceagent/turn_taking.py) turns the latest score into the
 silence that ends the turn; every input frame sets it on the endpointer before the endpointer hears the
-frame. Without a scoring LLM (a remote server) or with `SessionOptions.turn_taking` None, the endpointer
-keeps its fixed silence rule. Each score is traced (`turn.score`: the score, what it cost, the wait).
+frame. A partial with the same words as the one scored last (a later pass that heard them all) takes its
+score again without a forward. Before a partial is scored, a preemptive reply to other words is stopped,
+so the LLM is free. Without a scoring LLM (a remote server) or with `SessionOptions.turn_taking` None,
+the endpointer keeps its fixed silence rule. Each score is traced (`turn.score`: the score, its cost, the
+wait).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from voiceagent.clock import Clock
@@ -16,6 +20,11 @@ from voiceagent.llm import LLM, Message, TurnScoringLLM
 from voiceagent.stages import EndpointerLike
 from voiceagent.trace import TURN_SCORE, Trace
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
+
+
+def _words(text: str) -> list[str]:
+    """What two partials must share to be the same words: case and punctuation aside."""
+    return re.findall(r"[\w']+", text.lower())
 
 
 class ScoredEndpointing:
@@ -32,8 +41,11 @@ class ScoredEndpointing:
         self.endpointer, self.clock, self.trace = endpointer, clock, trace
         self.scorer = llm if options is not None and isinstance(llm, TurnScoringLLM) else None
         self.wait = EndOfTurnWait(options) if self.scorer is not None and options is not None else None
+        self.start_utterance()
 
     def start_utterance(self) -> None:
+        self._scored_words: list[str] = []
+        self._score: float | None = None
         if self.wait is not None:
             self.wait.start_utterance()
 
@@ -47,7 +59,13 @@ class ScoredEndpointing:
         if self.scorer is None or self.wait is None or not messages[-1]["content"].strip():
             return
         started = self.clock.now_ns()
-        score = await self.scorer.end_of_turn_probability(messages)
+        words = _words(messages[-1]["content"])
+        if words == self._scored_words and self._score is not None:
+            score: float | None = self._score  # the same words heard again, further on: the same score
+        else:
+            score = await self.scorer.end_of_turn_probability(messages)
+        if score is not None:
+            self._scored_words, self._score = words, score
         self.wait.scored(score, heard_until_ns)
         wait = self.wait.wait_ms(self.endpointer.last_voiced_ns())
         self.trace.write(

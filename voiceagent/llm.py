@@ -228,12 +228,18 @@ class LocalLLM:
 
     async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None:
         """P(the user's turn is complete): `messages` end with the user's words so far (a partial; its final
-        marks are dropped, engine/turn_end.py says why). None while a reply or prefill runs or if scoring
-        fails: the caller then keeps its silence rule. The words stay cached, a head start for the reply."""
+        marks are dropped, engine/turn_end.py says why). None while a reply is being written or if scoring
+        fails: the caller then keeps its silence rule; a cancelled reply or a prefill is waited for. The
+        words stay cached, a head start for the reply."""
         *history, user = messages
         words = {**user, "content": user["content"].rstrip(END_MARKS)}
-        if (self._running is not None and not self._running.done()) or not words["content"]:
+        if not words["content"]:
             return None
+        if self._running is not None and not self._running.done():
+            if not self._cancel.is_set():
+                return None  # a reply is being written
+            with contextlib.suppress(TimeoutError):  # a cancelled one (or a prefill) ends within a block
+                await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
         job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words])
         self._running = job
         return await asyncio.shield(job)

@@ -16,6 +16,7 @@ per block instead of one per token, and the reply is the same as without.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from voiceagent.llm import LLM, Message, PrefillingLLM, ProposingLLM, ReplyBlock, ReplyOptions
@@ -83,6 +84,12 @@ class PreemptiveReply:
         """Stops the generation (the engine stops at its next block; a remote stream is closed)."""
         self._task.cancel()
 
+    async def stopped(self) -> None:
+        """Cancels it and returns once its stream is closed (the engine told to stop)."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
 
 class Preemption:
     """A session's head starts: its stable words fed to the LLM while the user speaks (`prefill`), and one
@@ -92,6 +99,7 @@ class Preemption:
         self.llm, self.options, self.trace = llm, options, trace
         self.prefill_while_speaking = prefill_while_speaking
         self.reply: PreemptiveReply | None = None
+        self._carried: list[int] = []  # the ids of a reply stopped by stop_other, for the next one
         self.prefilling: asyncio.Task[bool] | None = None
         self.prefilled = 0  # words of this utterance fed so far
 
@@ -109,12 +117,22 @@ class Preemption:
         self.prefilling = asyncio.create_task(self.llm.prefill(messages, draft_only=True))
         self.trace.write(LLM_PREFILL, turn, words=n_words)
 
+    async def stop_other(self, turn: int, messages: Sequence[Message]) -> None:
+        """Stops a reply to other words than `messages` and waits until its stream is closed, so the LLM
+        is free (to score the new words); its ids are kept for the next reply as a proposal."""
+        reply = self.reply
+        if reply is not None and not reply.matches(messages):
+            self._carried = reply.proposal_ids
+            self.drop(turn, "the words changed")
+            await reply.stopped()
+
     def start(self, turn: int, messages: Sequence[Message], text: str) -> None:
         """Starts the reply to `messages` (the history and the partial `text`) unless it is running; a
         reply to other words is cancelled, its ids proposed to the new one."""
         if self.reply is not None and self.reply.matches(messages):
             return  # the same words: keep the reply that is already running
-        proposal = self.reply.proposal_ids if self.reply is not None else []
+        proposal = self.reply.proposal_ids if self.reply is not None else self._carried
+        self._carried = []
         self.drop(turn, "the words changed")
         self.reply = PreemptiveReply(self.llm, messages, self.options, proposal)
         self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
@@ -139,8 +157,9 @@ class Preemption:
         """At the final transcript (`messages` with it; None: no words): the reply if it answers exactly
         these messages, else (None, the cancelled reply's ids as a proposal for the next one)."""
         reply, self.reply = self.reply, None
+        carried, self._carried = self._carried, []
         if reply is None:
-            return None, []
+            return None, carried
         if messages is not None and reply.matches(messages):
             return reply, []
         reply.cancel()

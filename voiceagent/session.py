@@ -290,8 +290,9 @@ class Session:
         try:
             transcript = await asyncio.to_thread(self.recognizer.decode_partial)
             if turn == self.turn and self._utterance_open:
-                heard_until = t_ns + FRAME_MS * 1_000_000
-                await self.endpointing.score(turn, self._with_user(transcript.text.strip()), heard_until)
+                messages = self._with_user(transcript.text.strip())
+                await self.preemption.stop_other(turn, messages)  # the LLM is free to score new words
+                await self.endpointing.score(turn, messages, heard_until_ns=t_ns + FRAME_MS * 1_000_000)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(
