@@ -6,7 +6,8 @@
 Each clip of voiceagent/real_speech.py (LibriVox, spoken cards, JFK, CMU ARCTIC; fetched by `voiceagent
 models prepare`) is framed in 0.5 s of silence before and 1 s after, then pushed 20 ms at a time, on a
 simulated clock that runs at the audio's pace, into Silero's `Endpointer` (voiceagent/vad.py, default
-options) and a recogniser, scheduled as voiceagent/session.py schedules them: `start()` at speech_start, a
+options: the fixed 320 ms end silence, the session's rule without end-of-turn scores) and a recogniser,
+scheduled as voiceagent/session.py schedules them: `start()` at speech_start, a
 partial every 300 ms while the user speaks (none while one is running), one more once they pause (100 ms of
 silence), and at speech_end `decode_final(trailing_ms)` with the session's `trailing_ms`. Decodes run
 synchronously and take real time: the clock jumps by their wall time, as a worker thread would keep the next
@@ -18,8 +19,9 @@ upsampled back to 16 kHz by the Twilio gateway's own `InboundAudio`, 20 ms chunk
 
 Per model and path: the word error rate of the finals over all clips (errors / reference words) and the mean
 of the per-clip rates; time from the endpoint's decision (the frame that confirmed speech_end) to the final
-transcript, p50/p95 over utterances; CPU seconds (all threads) spent decoding per second of audio. Models
-are run side by side, clip by clip, so that load from elsewhere falls on all of them alike.
+transcript, p50/p95 over utterances, and of it how long the final waited for a partial still running and
+how long its own call took (p50; ~0 when it reused a partial); CPU seconds (all threads) spent decoding per
+second of audio. Models are run side by side, clip by clip, so that load from elsewhere falls on all alike.
 
 Progress goes to stderr; the LAST line on stdout is one JSON object with the figures.
 """
@@ -56,6 +58,7 @@ class ClipRun:
 
     finals: list[str] = field(default_factory=list)
     final_latency_ms: list[float] = field(default_factory=list)  # per utterance
+    final_wait_ms: list[float] = field(default_factory=list)  # of that: waiting for a partial in flight
     cpu_s: float = 0.0
     partials: int = 0
 
@@ -85,6 +88,7 @@ class Timed:
 
     def __call__(self, now_ns: int, work: Callable[[], object]) -> tuple[int, object]:
         start_ns = max(now_ns, self.busy_until_ns)  # a decode in flight holds the next one back
+        self.waited_ms = (start_ns - now_ns) / 1e6
         wall, cpu = time.perf_counter(), time.process_time()
         result = work()
         self.run.cpu_s += time.process_time() - cpu
@@ -111,6 +115,7 @@ def stream_clip(recognizer: RecognizerLike, audio: np.ndarray) -> ClipRun:
                 done_ns, text = timed(now_ns, lambda ms=trailing_ms: recognizer.decode_final(ms))
                 run.finals.append(str(text).strip())
                 run.final_latency_ms.append((done_ns - now_ns) / 1e6)
+                run.final_wait_ms.append(timed.waited_ms)
         silence_ms = endpointer.silence_ms() if speaking else 0.0
         if silence_ms == 0.0:  # the user spoke on
             paused = False
@@ -139,6 +144,8 @@ def summarise(runs: list[tuple[RealClip, ClipRun]]) -> dict[str, object]:
     errors = sum(word_error_rate(c.text, " ".join(r.finals)) * len(normalized_words(c.text)) for c, r in runs)
     words = sum(len(normalized_words(c.text)) for c, _ in runs)
     latencies = [ms for _, r in runs for ms in r.final_latency_ms]
+    waits = [ms for _, r in runs for ms in r.final_wait_ms]
+    decoding = [t - w for _, r in runs for t, w in zip(r.final_latency_ms, r.final_wait_ms, strict=True)]
     seconds = sum(c.seconds for c, _ in runs)
     by_corpus: dict[str, list[float]] = {}
     for c, r in runs:
@@ -149,6 +156,8 @@ def summarise(runs: list[tuple[RealClip, ClipRun]]) -> dict[str, object]:
         "wer_by_corpus": {k: round(float(np.mean(v)), 4) for k, v in by_corpus.items()},
         "final_ms_p50": round(float(np.percentile(latencies, 50)), 1) if latencies else None,
         "final_ms_p95": round(float(np.percentile(latencies, 95)), 1) if latencies else None,
+        "final_wait_ms_p50": round(float(np.percentile(waits, 50)), 1) if waits else None,
+        "finals_decoding_ms_p50": round(float(np.percentile(decoding, 50)), 1) if decoding else None,
         "cpu_s_per_audio_s": round(sum(r.cpu_s for _, r in runs) / seconds, 4),
         "utterances": len(latencies),
         "clips_split": sum(len(r.finals) > 1 for _, r in runs),

@@ -37,8 +37,9 @@ def machine() -> dict[str, Any]:
 def _table(results: dict[str, dict[str, Any]], path: str) -> list[str]:
     rows = [
         "| model | WER (all words) | mean clip WER | LibriVox | cards | JFK | ARCTIC | final after endpoint "
-        "p50 / p95 (ms) | CPU s per audio s | utterances (clips split) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "p50 / p95 (ms) | of which waiting for a partial / the final's call, p50 (ms) | CPU s per audio s | "
+        "utterances (clips split) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, r in results.items():
         model, on = key.split("/")
@@ -48,7 +49,8 @@ def _table(results: dict[str, dict[str, Any]], path: str) -> list[str]:
         rows.append(
             f"| {model} | {r['wer']:.3f} | {r['mean_clip_wer']:.3f} | {corpus.get('librivox', 0):.3f} | "
             f"{corpus.get('cards', 0):.3f} | {corpus.get('jfk', 0):.3f} | {corpus.get('arctic', 0):.3f} | "
-            f"{r['final_ms_p50']} / {r['final_ms_p95']} | {r['cpu_s_per_audio_s']:.3f} | "
+            f"{r['final_ms_p50']} / {r['final_ms_p95']} | {r['final_wait_ms_p50']} / "
+            f"{r['finals_decoding_ms_p50']} | {r['cpu_s_per_audio_s']:.3f} | "
             f"{r['utterances']} ({r['clips_split']}) |"
         )
     return rows

@@ -82,6 +82,7 @@ class AsrOptions:
     no_speech_threshold: float = 0.6  # with log_prob_threshold: Whisper's own "this was not speech" rule
     log_prob_threshold: float = -1.0
     compression_ratio_threshold: float = 2.4  # above: a repetition loop, so decode again with the 30 s window
+    final_margin_s: float = FINAL_MARGIN_S  # the final reuses a partial that heard this far past the speech
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -299,7 +300,10 @@ class StreamingRecognizer:
         with self._decode_lock:
             audio = self._snapshot()
             speech_end = audio.size - int(max(0.0, trailing_silence_ms) * SAMPLE_RATE / 1000)
-            if self._last_end > 0 and self._last_end >= speech_end + FINAL_MARGIN_S * SAMPLE_RATE:
+            if (
+                self._last_end > 0
+                and self._last_end >= speech_end + self.options.final_margin_s * SAMPLE_RATE
+            ):
                 text = self._last_text
             else:
                 text = self._final_pass(audio)
@@ -331,6 +335,8 @@ class StreamingRecognizer:
         prompt = _join(self._prefix, _words_text(before))
         start = max(self._window_start, int(last.start * SAMPLE_RATE))
         tail = drop_echo(_keys(prompt), words_of(self._decoder.text(audio[start:], prompt)), text_key)
+        if len(tail) <= 1 and self._prev_tail:  # the short window taken for no speech: the last partial
+            return self._last_text  # heard more words after the stable ones (and begins with them)
         return _join(prompt, _words_text([last]), "".join(tail[1:]))  # tail[0]: the stable word again
 
     def _tail(self, words: list[Word]) -> list[Word]:

@@ -302,3 +302,18 @@ def test_a_final_without_a_partial_that_heard_everything_decodes_only_the_audio_
 )
 def test_repetition_loops_keep_one_copy(decoded: str, kept: str) -> None:
     assert "".join(collapse_repeats(words_of(decoded), text_key)).strip() == kept
+
+
+def test_a_final_pass_that_hears_no_speech_keeps_the_last_partials_words(whisper: Any) -> None:
+    """The final's short window (from the last stable word on) may be taken for no speech: the last partial
+    heard the words after the stable ones, so the final keeps them rather than ending at the stable text."""
+    spoken = [(" He", 0.1, 0.3), (" turned", 0.3, 0.6), (" sharply", 0.6, 1.0), (" and", 1.0, 1.3)]
+    recognizer = StreamingRecognizer(whisper)
+    recognizer._decoder = ScriptedDecoder(spoken, "")  # type: ignore[assignment]
+    recognizer.start(pre_roll_ms=0)
+    for i, frame in enumerate(frames(np.ones(int(2.0 * 16000), np.int16)), 1):
+        recognizer.push(frame)
+        if i in (75, 90):
+            partial = recognizer.decode_partial()
+    assert partial.stable == "He turned sharply" and partial.text == "He turned sharply and"
+    assert recognizer.decode_final(0) == "He turned sharply and"
