@@ -118,6 +118,7 @@ class LocalLLM:
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
+        self._generation: asyncio.Future[Any] | None = None  # the last generation's (not a prefill's)
         self._cancel = threading.Event()
 
     def stream(
@@ -185,7 +186,7 @@ class LocalLLM:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(finish)
 
-        self._running = finished
+        self._running = self._generation = finished
         threading.Thread(target=work, name="voiceagent-llm", daemon=True).start()
         return arrived
 
@@ -236,9 +237,9 @@ class LocalLLM:
         if not words["content"]:
             return None
         if self._running is not None and not self._running.done():
-            if not self._cancel.is_set():
+            if self._running is self._generation and not self._cancel.is_set():
                 return None  # a reply is being written
-            with contextlib.suppress(TimeoutError):  # a cancelled one (or a prefill) ends within a block
+            with contextlib.suppress(TimeoutError):  # a cancelled reply or a prefill ends soon
                 await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
         job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words])
         self._running = job
