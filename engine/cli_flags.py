@@ -28,7 +28,11 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     )
     for flag, model in (("--quant", "target"), ("--draft-quant", "draft")):
         parser.add_argument(
-            flag, choices=QUANT_MODES, default="none", help=f"{model} weights: int8/int4 on CPU, fp8 on GPU"
+            flag,
+            choices=QUANT_MODES,
+            default="none",
+            help=f"{model} weights: int8/int4 on CPU, fp8 on GPU; gguf-int4: the GGUF's own Q4_K weights "
+            "as int4 (CPU, torch backend)",
         )
 
 

@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from engine.config import ModelArgs
 from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
+from engine.gguf_int4 import gguf_file_of, load_gguf_int4
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
 from engine.options import NGRAM_DRAFT, EngineOptions, parse_dtype
-from engine.quant import QuantMode, quantize
+from engine.quant import GGUF_INT4, QuantMode, quantize
 from engine.weights import load_checkpoint
 
 
@@ -76,7 +78,13 @@ def load_engine(
     if draft_dir is not None:
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
 
-    def load(directory: Path, quant: QuantMode) -> Transformer:
+    def load(name: str, directory: Path, quant: QuantMode) -> Transformer:
+        if quant == GGUF_INT4:  # the GGUF's own Q4_K weights (engine/gguf_int4.py), not a re-quantisation
+            args = ModelArgs.from_json(directory / "config.json")
+            gguf_file = gguf_file_of(name, log)
+            return load_gguf_int4(
+                gguf_file, args, max_seq_len=options.max_seq_len, dtype=torch_dtype, log=log
+            )
         return quantize(
             load_checkpoint(
                 directory, max_seq_len=options.max_seq_len, dtype=torch_dtype, device=options.device
@@ -92,8 +100,10 @@ def load_engine(
         if draft_dir is not None and options.draft is not None:
             draft_model = GgmlModel(resolve_gguf(options.draft, log=log), options.max_seq_len)
     else:
-        target_model = load(target_dir, options.quant)
-        draft_model = load(draft_dir, options.draft_quant) if draft_dir is not None else None
+        target_model = load(options.target, target_dir, options.quant)
+        draft_model = None
+        if draft_dir is not None and options.draft is not None:
+            draft_model = load(options.draft, draft_dir, options.draft_quant)
     static_shapes = options.static_shapes
     if static_shapes is None:
         static_shapes = torch.device(options.device).type == "cuda"

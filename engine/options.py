@@ -29,8 +29,11 @@ class EngineOptions:
     decoding; "ngram": drafts by prompt lookup from the conversation itself, no draft model). `gamma` is
     the number of drafted tokens per block, or "auto" (adaptive). `quant` / `draft_quant` store the
     target's / draft's linear layers as int8 or int4 (CPU) or fp8 (Hopper): a quantised draft never
-    changes the output, a quantised target is a different target. `static_shapes` (None: on for CUDA)
-    runs decode steps as fixed-shape forwards, captured as CUDA graphs on a GPU.
+    changes the output, a quantised target is a different target. "gguf-int4" (CPU, torch backend, a
+    bundled name or .gguf file) loads the GGUF's own Q4_K weights as int4 with no second rounding, the
+    other matrix types dense in `dtype` (engine/gguf_int4.py): the weights llama.cpp runs.
+    `static_shapes` (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA
+    graphs on a GPU.
     `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py), the
     fastest exact CPU path measured here; dtype and quantisation are then the files' own.
     """

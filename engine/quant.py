@@ -17,8 +17,10 @@ from torch import Tensor, nn
 
 from engine.model import Transformer
 
-QuantMode = Literal["none", "int8", "int4", "fp8"]
-QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4", "fp8")
+QuantMode = Literal["none", "int8", "int4", "fp8", "gguf-int4"]
+QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4", "fp8", "gguf-int4")
+# A load option, not a rounding of loaded weights: the GGUF's own Q4_K values as int4 (engine/gguf_int4.py).
+GGUF_INT4: QuantMode = "gguf-int4"
 INT4_GROUPS = (128, 64, 32)  # group sizes the CPU kernel takes, largest (fewest scales) first
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -57,9 +59,32 @@ class Int4Linear(nn.Module):
         low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
         scale = ((high - low) / 15.0).clamp(min=1e-12)  # [N, K/G, 1]
         q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+        self._store(q, scale[..., 0], (low + 8 * scale)[..., 0], bias, dtype)
+
+    @classmethod
+    def from_groups(
+        cls, q: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, dtype: torch.dtype
+    ) -> Int4Linear:
+        """A layer of given 4-bit values, with no rounding of its own: w = (q - 8) * scale + zero per group.
+
+        q: [N, K] integers in 0..15; scale, zero: [N, K/G] (G = K / their width: 32, 64 or 128). The kernel
+        holds scale and zero in `dtype`, so bf16 rounds them; fp32 keeps them as given.
+        """
+        n, k = q.shape
+        assert scale.shape == zero.shape and scale.shape[0] == n and k % scale.shape[1] == 0, scale.shape
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.group = k // scale.shape[1]
+        if layer.group not in INT4_GROUPS or n % 16:
+            raise ValueError(f"int4 needs groups of {INT4_GROUPS} and out_features in 16s, got {k}, {n}")
+        layer._store(q.to(torch.int32), scale.float(), zero.float(), bias, dtype)
+        return layer
+
+    def _store(self, q: Tensor, scale: Tensor, zero: Tensor, bias: Tensor | None, dtype: torch.dtype) -> None:
+        # q: [N, K] int32 in 0..15; scale, zero: [N, K/G]
+        n, k = q.shape
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
-        zero = low + 8 * scale
-        scales_and_zeros = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
+        scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/G, N, 2]
         self.register_buffer("weight", packed)
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
@@ -107,7 +132,7 @@ def fp8_supported(device: torch.device) -> bool:
 
 
 def check_device(mode: QuantMode, device: torch.device) -> None:
-    if mode in ("int8", "int4") and device.type != "cpu":
+    if mode in ("int8", "int4", GGUF_INT4) and device.type != "cpu":
         raise ValueError(f"{mode} weights run on the CPU kernels only; on {device.type} use bf16 or fp8")
     if mode == "fp8" and not fp8_supported(device):
         raise ValueError("fp8 weights need a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper)")
@@ -121,6 +146,8 @@ def quantized_linear(mode: QuantMode, weight: Tensor, bias: Tensor | None, dtype
         return Int4Linear(weight, bias, dtype)
     if mode == "fp8":
         return Fp8Linear(weight, bias, dtype)
+    if mode == GGUF_INT4:
+        raise ValueError(f"{GGUF_INT4} reads a GGUF's weights at load time: load_engine(quant={GGUF_INT4!r})")
     raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
 
 
@@ -134,6 +161,8 @@ def quantize(model: Transformer, mode: QuantMode) -> Transformer:
         return model
     if mode not in QUANT_MODES:
         raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
+    if mode == GGUF_INT4:
+        raise ValueError(f"{GGUF_INT4} reads a GGUF's weights at load time: load_engine(quant={GGUF_INT4!r})")
     check_device(mode, model.device)
     dtype = model.dtype
     for block in model.blocks:

@@ -1,0 +1,198 @@
+"""The GGUF's own 4-bit weights as the engine's int4 layers: llama.cpp's weights, not a second rounding.
+
+`quant="int4"` re-quantises weights that were first dequantised from the GGUF to bf16, so its int4 target
+is a third model (neither the bf16 target nor llama.cpp's). `quant="gguf-int4"` reads the file itself:
+every Q4_K matrix becomes an `Int4Linear` whose groups of 32 carry the file's 4-bit values, with the
+kernel's (scale, zero) set so that its dequantisation (q - 8) * scale + zero equals Q4_K's
+(d * sc) * q - dmin * m. Every other matrix type (Q6_K in Q4_K_M files: attn_v, some ffn_down, the
+output head; Q5_0 / Q8_0 in small models) is dequantised by the `gguf` package and kept dense in the
+activation dtype. Embeddings, norms and biases are dequantised the same way.
+
+What stays different from llama.cpp: the kernel holds scale and zero in the activation dtype (bf16 rounds
+d * sc to 8 significant bits; fp32 keeps it exact), and llama.cpp rounds activations to 8 bits (Q8_K) for
+its dot products, which a bf16 / fp32 activation path does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+from torch import Tensor, nn
+
+from engine.bundled import BUNDLED
+from engine.config import ModelArgs
+from engine.model import Block, Transformer, rope_tables
+from engine.models import Log, log_to_stderr, resolve_gguf
+from engine.q4k import Q4KGroups, concat_rows, unpack_q4k
+from engine.quant import GGUF_INT4, Int4Linear, check_device
+
+# Architectures whose GGUF conversion keeps the Hugging Face row order of q and k (llama's permutes them).
+GGUF_INT4_ARCHITECTURES = ("qwen2",)
+
+
+def gguf_file_of(name_or_path: str, log: Log = log_to_stderr) -> Path:
+    """The GGUF file behind a bundled name or a .gguf path; ValueError for a model that has none."""
+    if name_or_path in BUNDLED or Path(name_or_path).suffix == ".gguf":
+        return resolve_gguf(name_or_path, log=log)
+    raise ValueError(
+        f"quant {GGUF_INT4!r} loads the 4-bit weights of a GGUF file, and {name_or_path!r} is not one: give "
+        "a bundled name or a .gguf file, or use quant 'int4' (re-quantises the checkpoint's weights)"
+    )
+
+
+class ConcatLinear(nn.Module):
+    """Layers of one input side by side: y = cat([part(x) for part in parts], -1) + bias.
+
+    For a fused projection whose pieces have different GGUF types (q and k Q4_K as int4, v Q6_K dense).
+    """
+
+    def __init__(self, parts: list[nn.Module], bias: Tensor | None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)  # [..., sum of N]
+        return y if self.bias is None else y + self.bias
+
+
+class GgufTensors:
+    """The tensors of one GGUF file by name, as the engine wants them."""
+
+    def __init__(self, path: Path) -> None:
+        self.reader = GGUFReader(path)
+        self.by_name: dict[str, ReaderTensor] = {t.name: t for t in self.reader.tensors}
+
+    @property
+    def architecture(self) -> str:
+        return str(self.reader.fields["general.architecture"].contents())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name
+
+    def tensor(self, name: str) -> ReaderTensor:
+        if name not in self.by_name:
+            raise ValueError(f"the GGUF file {self.reader.data.filename} has no tensor {name!r}")
+        return self.by_name[name]
+
+    def matrix_shape(self, name: str) -> tuple[int, int]:
+        """[N, K] (ggml lists a matrix's dimensions innermost first: K, N)."""
+        k, n = (int(d) for d in self.tensor(name).shape)
+        return n, k
+
+    def is_q4k(self, name: str) -> bool:
+        return self.tensor(name).tensor_type == GGMLQuantizationType.Q4_K
+
+    def q4k(self, name: str) -> Q4KGroups:
+        n, k = self.matrix_shape(name)
+        return unpack_q4k(self.tensor(name).data, n, k)
+
+    def dense(self, name: str, dtype: torch.dtype) -> Tensor:
+        """Any tensor dequantised by gguf (float32), then cast to `dtype`: [N, K] or [K]."""
+        source = self.tensor(name)
+        values = np.asarray(dequantize(source.data, source.tensor_type), dtype=np.float32)
+        return torch.from_numpy(values.copy()).to(dtype)
+
+
+def int4_from_q4k(groups: Q4KGroups, dtype: torch.dtype) -> Int4Linear:
+    """An int4 layer of the Q4_K values: scale = d * sc, zero = 8 * d * sc - dmin * m, so that the kernel's
+    (q - 8) * scale + zero is Q4_K's (d * sc) * q - dmin * m."""
+    scale = torch.from_numpy(groups.scale)  # [N, K/32] fp32
+    zero = 8 * scale - torch.from_numpy(groups.offset)
+    q = torch.from_numpy(groups.q).to(torch.int32)  # [N, K]
+    return Int4Linear.from_groups(q, scale, zero, None, dtype)
+
+
+def dense_linear(weight: Tensor) -> nn.Linear:
+    """nn.Linear holding `weight` [N, K] as it is (no init pass)."""
+    n, k = weight.shape
+    layer = nn.Linear(k, n, bias=False, device="meta", dtype=weight.dtype)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    return layer
+
+
+def linear_from_gguf(
+    tensors: GgufTensors, names: list[str], bias: Tensor | None, dtype: torch.dtype
+) -> nn.Module:
+    """One layer for matrices `names` stacked along N: consecutive Q4_K ones as one int4 layer, the rest
+    dense; one module when all share a form, else a ConcatLinear."""
+    parts: list[nn.Module] = []
+    for is_q4k, run in itertools.groupby(names, key=tensors.is_q4k):
+        run_names = list(run)
+        if is_q4k:
+            parts.append(int4_from_q4k(concat_rows([tensors.q4k(name) for name in run_names]), dtype))
+        else:
+            parts.append(dense_linear(torch.cat([tensors.dense(name, dtype) for name in run_names])))
+    if len(parts) > 1:
+        return ConcatLinear(parts, bias)
+    if bias is not None:
+        parts[0].bias = nn.Parameter(bias, requires_grad=False)
+    return parts[0]
+
+
+def _check_shape(layer: nn.Module, expected: nn.Linear, name: str) -> nn.Module:
+    parts = list(layer.parts) if isinstance(layer, ConcatLinear) else [layer]
+    n = 0
+    for part in parts:
+        assert isinstance(part, Int4Linear | nn.Linear), type(part)
+        n += part.out_features
+    if n != expected.out_features:
+        raise ValueError(f"{name}: the GGUF has {n} outputs, the model's config says {expected.out_features}")
+    return layer
+
+
+def _load_block(block: Block, tensors: GgufTensors, i: int, dtype: torch.dtype) -> None:
+    prefix = f"blk.{i}"
+    block.attention_norm.weight = nn.Parameter(tensors.dense(f"{prefix}.attn_norm.weight", dtype))
+    block.ffn_norm.weight = nn.Parameter(tensors.dense(f"{prefix}.ffn_norm.weight", dtype))
+    attention, ffn = block.attention, block.feed_forward
+    qkv = [f"{prefix}.attn_{p}" for p in "qkv"]
+    bias = None
+    if attention.wqkv.bias is not None:
+        bias = torch.cat([tensors.dense(f"{name}.bias", dtype) for name in qkv])
+    layers = {
+        "wqkv": (attention, [f"{name}.weight" for name in qkv], bias),
+        "wo": (attention, [f"{prefix}.attn_output.weight"], None),
+        "w13": (ffn, [f"{prefix}.ffn_gate.weight", f"{prefix}.ffn_up.weight"], None),
+        "w2": (ffn, [f"{prefix}.ffn_down.weight"], None),
+    }
+    for attr, (owner, names, layer_bias) in layers.items():
+        layer = linear_from_gguf(tensors, names, layer_bias, dtype)
+        setattr(owner, attr, _check_shape(layer, getattr(owner, attr), f"{prefix} {attr}"))
+
+
+def load_gguf_int4(
+    path: Path, args: ModelArgs, *, max_seq_len: int, dtype: torch.dtype, log: Log = log_to_stderr
+) -> Transformer:
+    """The engine's model (on the CPU) with the GGUF file's Q4_K matrices as int4 and the rest dense."""
+    check_device(GGUF_INT4, torch.device("cpu"))
+    tensors = GgufTensors(Path(path))
+    if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
+        raise ValueError(
+            f"quant {GGUF_INT4!r} reads {', '.join(GGUF_INT4_ARCHITECTURES)} GGUF files, not "
+            f"{tensors.architecture!r} (its q/k rows are permuted): use quant 'int4' or the ggml backend"
+        )
+    with torch.device("meta"):
+        model = Transformer(args, max_seq_len)
+    model.tok_embeddings.weight = nn.Parameter(tensors.dense("token_embd.weight", dtype), requires_grad=False)
+    model.norm.weight = nn.Parameter(tensors.dense("output_norm.weight", dtype))
+    for i, block in enumerate(model.blocks):
+        _load_block(block, tensors, i, dtype)
+    # llama.cpp uses output.weight when the file has one (even if the config ties it), else the embeddings.
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    model.output = linear_from_gguf(tensors, [head], None, dtype)
+    cos, sin = rope_tables(args, max_seq_len)
+    model.rope_cos, model.rope_sin = cos, sin
+    model.quantization = GGUF_INT4
+    meta = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
+    if meta:
+        raise ValueError(f"the GGUF file {path} left {len(meta)} tensors unset, e.g. {meta[0]}")
+    n_int4 = sum(isinstance(m, Int4Linear) for m in model.modules())
+    n_dense = sum(isinstance(m, nn.Linear) for m in model.modules())
+    log(f"{GGUF_INT4}: {n_int4} layers hold the GGUF's Q4_K weights as int4, {n_dense} stay dense ({dtype})")
+    return model.eval().requires_grad_(False)
