@@ -12,7 +12,7 @@
     Hopper GPUs),
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN, VOICEAGENT_BACKEND ("ggml": the GGUF
     files on llama.cpp's CPU kernels, the default; "torch": PyTorch, for GPUs): the local engine.
-    VOICEAGENT_ASR_MODEL ("tiny.en", "base" or "moonshine-base"), VOICEAGENT_TTS ("piper" or "espeak"),
+    VOICEAGENT_ASR_MODEL ("base", "tiny.en" or "moonshine-base"), VOICEAGENT_TTS ("piper" or "espeak"),
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
     VOICEAGENT_TURN_SCORE (1: with the local engine, the silence that ends the user's turn follows the
@@ -77,7 +77,10 @@ class Settings(BaseSettings):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
-    asr_model: str = "tiny.en"  # "base" (multilingual), "moonshine-base", or a CTranslate2 Whisper directory
+    # Whisper base: about half tiny.en's word errors on real recorded speech, 16 kHz and phone band, for about
+    # twice its decoding time; Moonshine base hears as well but takes seconds per pass on 2 cores
+    # (bench/results/2026-12-01-cpu-asr-real.md). "tiny.en", "moonshine-base", or a CTranslate2 directory.
+    asr_model: str = "base"
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
     # for the bundled Qwen pair, so sessions are cheap; the engine's max_seq_len is the ceiling.
