@@ -55,4 +55,5 @@ bench: setup
 	$(PY) -m bench.load --calls 25,50,100,150,200,300 --turns 2
 	$(PY) -m bench.concurrent_voice
 	$(PY) -m bench.asr_streaming
+	$(PY) -m bench.turn_taking
 	$(PY) -m bench.asr_real --out bench/results/$$(date +%F)-cpu-asr-real.md

@@ -20,7 +20,8 @@
     VOICEAGENT_TURN_COMPLETE_SCORE (0.02) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.002): the scores at or
     above which a turn ends after VOICEAGENT_TURN_COMPLETE_SILENCE_MS (120) and at or below which it waits
     VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (1500); VOICEAGENT_TURN_PENDING_SILENCE_MS (700): the least wait
-    while the latest words are not scored yet (voiceagent/turn_taking.py).
+    while the latest words are not scored yet; VOICEAGENT_TURN_HEARD_SLACK_MS (0): how far before the last
+    voiced chunk a partial's audio may end and still count as hearing every word (voiceagent/turn_taking.py).
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
     VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
                              `?token=KEY`)
@@ -93,6 +94,7 @@ class Settings(BaseSettings):
     turn_complete_silence_ms: int = Field(120, ge=0, le=3000)
     turn_incomplete_silence_ms: int = Field(1500, ge=0, le=5000)
     turn_pending_silence_ms: int = Field(700, ge=0, le=5000)
+    turn_heard_slack_ms: int = Field(0, ge=0, le=500)
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
     # The gateway (`voiceagent serve`).
     host: str = "127.0.0.1"

@@ -38,6 +38,9 @@ class TurnTakingOptions:
     complete_silence_ms: int = 120
     incomplete_silence_ms: int = 1500
     pending_silence_ms: int = 700  # the least wait while the latest words are not scored yet
+    # A partial whose audio ends at most this long before the last voiced chunk still heard every word:
+    # Silero's voiced chunks run on ~50-100 ms past the last loud sample of a word.
+    heard_slack_ms: int = 0
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
 
     def __post_init__(self) -> None:
@@ -47,10 +50,11 @@ class TurnTakingOptions:
                 f"{self.incomplete_score} and {self.complete_score}"
             )
         waits = (self.complete_silence_ms, self.pending_silence_ms, self.incomplete_silence_ms)
-        if not 0 <= waits[0] <= waits[2] or not 0 <= waits[1] or self.fallback_silence_ms < 0:
+        others = (waits[1], self.fallback_silence_ms, self.heard_slack_ms)
+        if not 0 <= waits[0] <= waits[2] or min(others) < 0:
             raise ValueError(
                 "turn-taking waits need 0 <= complete_silence_ms <= incomplete_silence_ms and "
-                f"non-negative pending and fallback waits, got {waits} and {self.fallback_silence_ms}"
+                f"non-negative pending, fallback and slack times, got {waits} and {others[1:]}"
             )
 
     @classmethod
@@ -61,6 +65,7 @@ class TurnTakingOptions:
             complete_silence_ms=settings.turn_complete_silence_ms,
             incomplete_silence_ms=settings.turn_incomplete_silence_ms,
             pending_silence_ms=settings.turn_pending_silence_ms,
+            heard_slack_ms=settings.turn_heard_slack_ms,
             fallback_silence_ms=settings.end_silence_ms,
         )
 
@@ -122,5 +127,5 @@ class EndOfTurnWait:
         """The silence that ends the turn, given the endpointer's `last_voiced_ns()`."""
         if self._score is None:
             return self.options.fallback_silence_ms if self._unscorable else self.options.pending_silence_ms
-        heard_all = last_voiced_ns <= self._heard_until_ns
+        heard_all = last_voiced_ns <= self._heard_until_ns + self.options.heard_slack_ms * 1_000_000
         return end_silence_ms(self._score, self.options, heard_all=heard_all)

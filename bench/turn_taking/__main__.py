@@ -1,0 +1,254 @@
+"""Turn-taking on generated speech: the fixed silence rule, the draft model's end-of-turn score, Pipecat.
+
+    .venv/bin/python -m bench.turn_taking [--out bench/results/DATE-cpu-turn-taking.md] [--skip-pipecat]
+
+Clips (bench/turn_taking/clips.py): complete questions, sentences with 0.5-1.0 s pauses mid-sentence,
+lists, hesitations and backchannels, each sentence in Piper's and espeak-ng's voice, rendered once into
+$VOICEAGENT_CACHE/turn-taking. Ours (bench/turn_taking/ours.py): every clip streamed once through the real
+Endpointer, StreamingRecognizer and LocalLLM score on the bundled models, then the first turn end replayed
+under the 320 ms silence rule (today), under the score policy with options tuned on the tuning clips
+(reported on the others), and under that policy as if partials and scores took no time (what the policy
+decides, apart from this machine's speed). Pipecat (bench/turn_taking/pipecat_turns.py): Pipecat 1.14's
+Silero VAD + Smart Turn v3.2, in its own virtualenv (made on first use), on the same clips in the same run.
+
+Figures per class: endpoint wait from the end of speech (p50/p95), cut-off rate (the turn ended before the
+speech did), false interruptions (a backchannel over the agent's reply that would cut it: for today and for
+Pipecat every detected speech start does; with the held reply of voiceagent/barge_in.py only a start whose
+transcript has real words). Progress goes to stderr; the LAST line on stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.turn_taking import report
+from bench.turn_taking.clips import Clip, build_clips
+from bench.turn_taking.ours import Recording, record, replay
+from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT, run_pipecat
+from bench.turn_taking.report import ClassFigures, Outcome
+from voiceagent.speech_models import cache_root
+from voiceagent.turn_taking import TurnTakingOptions
+
+BASELINE_MS = 320
+GRID = {
+    "complete_score": (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3),
+    "incomplete_score": (0.0005, 0.001, 0.002, 0.005),
+    "pending_silence_ms": (500, 700, 900),
+    "incomplete_silence_ms": (1500, 2000),
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+async def record_all(clips: list[Clip]) -> list[Recording]:
+    from voiceagent.asr import StreamingRecognizer, load_whisper
+    from voiceagent.config import Settings
+    from voiceagent.llm import LocalLLM, load_local_engine
+    from voiceagent.session import SessionOptions
+
+    system_prompt = SessionOptions().system_prompt
+
+    template = LocalLLM(load_local_engine(Settings()))
+    await template.prefill([{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}])
+    whisper, recordings = load_whisper(), []
+    for n, clip in enumerate(clips, start=1):
+        llm = template.fork()  # as each session forks the pipeline's warmed template
+        recordings.append(await record(clip, StreamingRecognizer(whisper), llm, system_prompt))
+        log(f"ours: {n}/{len(clips)} {clip.name}")
+    return recordings
+
+
+def heard_real_words(rec: Recording) -> bool:
+    from voiceagent.barge_in import is_backchannel
+
+    texts = [s.text for s in rec.scored] + [rec.final_text]
+    return any(text.strip() and not is_backchannel(text) for text in texts)
+
+
+def our_outcomes(recs: list[Recording], policy: TurnTakingOptions | int, held: bool) -> dict[str, Outcome]:
+    outcomes = {}
+    for rec in recs:
+        end = replay(rec, policy)
+        start_s = None if end.speech_start_ns is None else end.speech_start_ns / 1e9
+        interrupted = start_s is not None and (heard_real_words(rec) if held else True)
+        outcomes[rec.clip.name] = Outcome(
+            start_s, None if end.end_ns is None else end.end_ns / 1e9, interrupted
+        )
+    return outcomes
+
+
+def without_delay(rec: Recording) -> Recording:
+    scored = [dataclasses.replace(s, known_ns=s.heard_until_ns) for s in rec.scored]
+    return dataclasses.replace(rec, scored=scored)
+
+
+def pipecat_outcomes(clips: list[Clip]) -> tuple[dict[str, Outcome], list[float]]:
+    raw = run_pipecat([{"name": c.name, "path": c.path} for c in clips], log)
+    outcomes, inferences = {}, []
+    for name, result in raw.items():
+        starts = result["starts_s"]
+        assert isinstance(starts, list)
+        end_s = result["end_s"]
+        outcomes[name] = Outcome(starts[0] if starts else None, end_s, bool(starts))  # type: ignore[arg-type]
+        inferences += result["inference_s"]  # type: ignore[arg-type]
+    return outcomes, inferences
+
+
+def machine() -> dict[str, str]:
+    import torch
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line), "?")
+    flags = open("/proc/cpuinfo").read()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "neither AVX2 nor AVX-512"
+    return {
+        "cpu": model,
+        "vector": vector,
+        "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "cores": str(torch.get_num_threads()),
+    }
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def percentiles_ms(values: list[float]) -> str:
+    if not values:
+        return "—"
+    return f"p50 {1000 * np.percentile(values, 50):.0f} ms, p95 {1000 * np.percentile(values, 95):.0f} ms"
+
+
+def _keep(kept: dict[tuple[str, str], int], clip: Clip) -> bool:
+    kept[clip.kind, clip.subset] += 1
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(f"bench/results/{datetime.date.today()}-cpu-turn-taking.md")
+    )
+    parser.add_argument("--skip-pipecat", action="store_true", help="leave Pipecat's Smart Turn out")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many clips per class and subset")
+    parser.add_argument("--dump", type=Path, help="write every clip's partials, scores and turn ends here")
+    args = parser.parse_args(argv)
+    load_before = uptime()
+    clips = build_clips(cache_root() / "turn-taking", log)
+    if args.limit:
+        kept: dict[tuple[str, str], int] = {}
+        clips = [c for c in clips if kept.setdefault((c.kind, c.subset), 0) < args.limit and _keep(kept, c)]
+    tune = [c for c in clips if c.subset == "tune"]
+    shown = [c for c in clips if c.subset == "report"]
+    recordings = asyncio.run(record_all(clips))
+    by_subset = {s: [r for r in recordings if r.clip.subset == s] for s in ("tune", "report")}
+
+    def tuned_figures(options: object) -> dict[str, ClassFigures]:
+        assert isinstance(options, TurnTakingOptions)
+        return report.class_figures(tune, our_outcomes(by_subset["tune"], options, held=True))
+
+    log("tuning the policy on the tuning clips")
+    chosen = report.best(report.grid(TurnTakingOptions(), **GRID), tuned_figures)
+    assert isinstance(chosen, TurnTakingOptions)
+    systems: dict[str, dict[str, ClassFigures]] = {
+        f"silence {BASELINE_MS} ms (today)": report.class_figures(
+            shown, our_outcomes(by_subset["report"], BASELINE_MS, held=False)
+        ),
+        "score (tuned)": report.class_figures(shown, our_outcomes(by_subset["report"], chosen, held=True)),
+        "score, no compute delay": report.class_figures(
+            shown, our_outcomes([without_delay(r) for r in by_subset["report"]], chosen, held=True)
+        ),
+    }
+    inferences: list[float] = []
+    pipecat: dict[str, Outcome] = {}
+    if not args.skip_pipecat:
+        pipecat, inferences = pipecat_outcomes(shown)
+        systems["Pipecat 1.14 Smart Turn v3.2"] = report.class_figures(shown, pipecat)
+    if args.dump:
+        dump(args.dump, recordings, chosen, pipecat)
+    scored = [s for r in recordings for s in r.scored]
+    timing = {
+        "score_s": [s.score_s for s in scored if s.score is not None],
+        "asr_s": [s.asr_s for s in scored],
+    }
+    write_results(args.out, systems, chosen, timing, inferences, load_before, len(tune), len(shown))
+    summary = {
+        "results": str(args.out),
+        "chosen": dataclasses.asdict(chosen),
+        "systems": {n: {k: dataclasses.asdict(f) for k, f in fs.items()} for n, fs in systems.items()},
+        "score_ms_p50": 1000 * float(np.percentile(timing["score_s"], 50)),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+def dump(
+    path: Path, recordings: list[Recording], chosen: TurnTakingOptions, pipecat: dict[str, Outcome]
+) -> None:
+    """Per clip: what was heard and scored, and where each system ended the turn (seconds)."""
+    rows = []
+    for rec in recordings:
+        ends = {"today": replay(rec, BASELINE_MS).end_ns, "score": replay(rec, chosen).end_ns}
+        rows.append({
+            "clip": dataclasses.asdict(rec.clip),
+            "ends_s": {k: None if v is None else v / 1e9 for k, v in ends.items()},
+            "pipecat": dataclasses.asdict(pipecat[rec.clip.name]) if rec.clip.name in pipecat else None,
+            "scored": [dataclasses.asdict(s) for s in rec.scored],
+            "final": rec.final_text,
+        })  # fmt: skip
+    path.write_text(json.dumps(rows, indent=1))
+
+
+def write_results(
+    out: Path,
+    systems: dict[str, dict[str, ClassFigures]],
+    chosen: TurnTakingOptions,
+    timing: dict[str, list[float]],
+    inferences: list[float],
+    load_before: str,
+    n_tune: int,
+    n_report: int,
+) -> None:
+    about = machine()
+    lines = [
+        f"# Turn-taking on generated speech ({datetime.date.today()}, CPU)",
+        "",
+        "Command: `.venv/bin/python -m bench.turn_taking` (in `make bench`).",
+        "",
+        f"Machine: {about['cpu']}, {about['vector']}, torch CPU capability {about['torch_cpu_capability']}, "
+        f"{about['cores']} threads. Load before: `{load_before}`; after: `{uptime()}`.",
+        "",
+        f"Clips: {n_tune} to tune on, {n_report} reported (other sentences), each sentence in Piper "
+        "(en_US-joe-medium) and espeak-ng (en-us) voices. Pipecat: "
+        f"`{PIPECAT_REQUIREMENT}`, its own virtualenv.",
+        "",
+        *report.table(systems),
+        "",
+        f"Policy chosen on the tuning clips: `{dataclasses.asdict(chosen)}`.",
+        "",
+        "Time per end-of-turn score (LocalLLM, ggml draft, warm cache): "
+        f"{percentiles_ms(timing['score_s'])}; "
+        f"per partial transcript: {percentiles_ms(timing['asr_s'])}; per Smart Turn inference: "
+        f"{percentiles_ms(inferences)}.",
+        "",
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Our turn-taking on a clip: the real components, in the order and at the pace the session runs them.
+
+`record` streams a clip frame by frame through `Endpointer` (Silero VAD), `StreamingRecognizer` (Whisper
+tiny.en) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a partial every 300 ms while
+the user speaks and one at 100 ms of silence, each partial's whole guess (`Transcript.text`) scored at once.
+Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
+score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. The
+endpointer never ends the speech here (its wait is a minute), so the record holds every score the
+utterance would get up to its first end, whatever the policy.
+
+`replay` then re-runs the endpointer on the clip's audio with Silero's recorded probabilities (exact, and
+~100x cheaper) under a policy: the fixed silence rule, or `EndOfTurnWait` fed the recorded scores at the
+times they became known. The first speech_end is where the turn would end.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.turn_taking.clips import Clip
+from voiceagent.asr import StreamingRecognizer
+from voiceagent.audio import frames, read_wav
+from voiceagent.llm import LocalLLM
+from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
+from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
+
+FRAME_NS = 20_000_000
+PARTIAL_EVERY_MS = 300  # SessionOptions.partial_every_ms
+PAUSE_MS = 100  # SessionOptions.pause_ms
+NEVER_MS = 60_000
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One partial and its end-of-turn score."""
+
+    known_ns: int  # when the score was known (audio time)
+    heard_until_ns: int  # the end of the audio the partial decoded
+    score: float | None
+    text: str
+    asr_s: float
+    score_s: float
+    pause: bool  # the partial at the pause
+
+
+@dataclass
+class Recording:
+    clip: Clip
+    probabilities: list[float] = field(default_factory=list)  # Silero's, one per 32 ms chunk
+    scored: list[Scored] = field(default_factory=list)
+    speech_start_ns: int | None = None
+    final_text: str = ""
+
+
+class _RecordingVad:
+    """Silero, remembering every probability it gives."""
+
+    def __init__(self, model: SileroVad, probabilities: list[float]) -> None:
+        self.model, self.probabilities = model, probabilities
+
+    def probability(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        probability, state = self.model.probability(window, state)
+        self.probabilities.append(probability)
+        return probability, state
+
+
+class _ReplayVad:
+    """The recorded probabilities, in order."""
+
+    def __init__(self, probabilities: list[float]) -> None:
+        self._next = iter(probabilities)
+
+    def probability(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        return next(self._next), state
+
+
+async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, system_prompt: str) -> Recording:
+    """The clip through the real components (see the module docstring)."""
+    rec = Recording(clip)
+    endpointer = Endpointer(
+        VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
+    )  # type: ignore[arg-type]
+    busy_until_ns, last_partial_ns, paused = 0, 0, False
+    for i, frame in enumerate(frames(_audio(clip.path))):
+        t = i * FRAME_NS
+        recognizer.push(frame)
+        for edge in endpointer.push(frame, t):
+            if edge.kind == "speech_start" and rec.speech_start_ns is None:
+                rec.speech_start_ns, last_partial_ns = edge.t_ns, edge.confirmed_ns
+                recognizer.start()
+        if rec.speech_start_ns is None or t < busy_until_ns:
+            continue
+        silence_ms = endpointer.silence_ms()
+        if silence_ms == 0.0:
+            paused = False
+        if silence_ms >= PAUSE_MS:
+            if paused:
+                continue
+            paused = pause = True
+        elif t - last_partial_ns >= PARTIAL_EVERY_MS * 1_000_000:
+            last_partial_ns, pause = t, False
+        else:
+            continue
+        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause)
+        rec.scored.append(scored)
+        busy_until_ns = scored.known_ns
+    if rec.speech_start_ns is not None:
+        rec.final_text = recognizer.decode_final(1000.0)
+    return rec
+
+
+async def _partial(
+    recognizer: StreamingRecognizer, llm: LocalLLM, system_prompt: str, heard_until_ns: int, pause: bool
+) -> Scored:
+    started = time.perf_counter()
+    transcript = recognizer.decode_partial()
+    asr_s = time.perf_counter() - started
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
+    started = time.perf_counter()
+    score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
+    score_s = time.perf_counter() - started
+    known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
+    return Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
+
+
+@functools.lru_cache(maxsize=256)
+def _audio(path: str) -> np.ndarray:
+    return read_wav(path)
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """Where a policy ended the clip's first turn (None: it never did, or speech never started)."""
+
+    speech_start_ns: int | None
+    end_ns: int | None  # the speech_end's confirmed_ns
+
+
+def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
+    """The first turn end under `policy`: a fixed silence in ms, or the score-driven wait."""
+    fixed = policy if isinstance(policy, int) else NEVER_MS
+    endpointer = Endpointer(VadOptions(end_silence_ms=fixed), model=_ReplayVad(rec.probabilities))  # type: ignore[arg-type]
+    wait = None if isinstance(policy, int) else EndOfTurnWait(policy)
+    pending = sorted(rec.scored, key=lambda s: s.known_ns)
+    start_ns, n_known = None, 0
+    for i, frame in enumerate(frames(_audio(rec.clip.path))):
+        t = i * FRAME_NS
+        while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
+            wait.scored(pending[n_known].score, pending[n_known].heard_until_ns)
+            n_known += 1
+        if wait is not None and endpointer.speaking():
+            endpointer.set_end_silence_ms(wait.wait_ms(endpointer.last_voiced_ns()))
+        for edge in endpointer.push(frame, t):
+            if edge.kind == "speech_start" and start_ns is None:
+                start_ns = edge.t_ns
+            elif edge.kind == "speech_end":
+                return TurnEnd(start_ns, edge.confirmed_ns)
+    return TurnEnd(start_ns, None)
