@@ -1,0 +1,156 @@
+"""How close each 4-bit target is to the bf16 target and to llama.cpp: next-token agreement and step cost.
+
+    python -m engine.bench.gguf_int4 [--limit 8] [--max-new-tokens 32]
+
+Targets (the bundled 1.5B, plain decoding): `gguf-int4` (the GGUF's own Q4_K weights as torch int4),
+`int4` (today's: the bf16 weights re-quantised to int4 in groups of 128), `bf16`, and `llama.cpp` (the
+same GGUF on the ggml backend). References: the greedy output of the bf16 target and of llama.cpp, one per
+bench prompt (bench/prompts.jsonl). Agreement: each target is fed prompt + reference in one forward and
+its top-1 at every generated position is compared with the reference's token (teacher-forced top-1
+agreement over the generated tokens; a target against its own reference measures the rounding between
+one forward and one-id steps). Forward cost: one id after CONTEXT cached ids, median of 5 after a
+warm-up. Models are loaded one at a time. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.bench.cpu_backends import cpu_description
+from engine.bundled import DEFAULT_TARGET
+from engine.generate import Engine
+from engine.load import chat_prompt, load_engine
+from engine.sampling import SamplingParams
+
+PROMPTS = Path(__file__).resolve().parents[2] / "bench" / "prompts.jsonl"
+CONTEXT = 64  # ids cached before a one-id forward is timed
+TARGETS: dict[str, dict[str, str]] = {  # name -> load_engine settings
+    "llama.cpp": {"backend": "ggml"},
+    "bf16": {"quant": "none"},
+    "int4": {"quant": "int4"},
+    "gguf-int4": {"quant": "gguf-int4"},
+}
+
+
+def bench_prompts(engine: Engine, limit: int) -> list[list[int]]:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:limit]
+    return [chat_prompt(engine.tokenizer, [{"role": "user", "content": row["prompt"]}]) for row in rows]
+
+
+def greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    blocks = engine.new_conversation().generate(prompt, SamplingParams(max_new_tokens=n), gamma=0)
+    return [t for block in blocks for t in block.token_ids]
+
+
+def top1_matches(engine: Engine, prompt: list[int], reference: list[int]) -> list[bool]:
+    """Per generated position: does the target's top-1 after prompt + reference[:i] equal reference[i]?"""
+    model = engine.target
+    ids = [*prompt, *reference[:-1]]
+    cache = model.new_cache(len(ids) + 1)
+    with torch.inference_mode():
+        logits = model(torch.tensor(ids), torch.arange(len(ids)), cache, len(ids), len(reference))
+    assert logits is not None  # [len(reference), V]
+    return [bool(a == b) for a, b in zip(logits.argmax(-1).tolist(), reference, strict=True)]
+
+
+def one_id_forward_ms(engine: Engine) -> dict[str, float]:
+    """A one-id forward after CONTEXT cached ids: median and fastest of 5, after one warm-up."""
+    model = engine.target
+    cache = model.new_cache(CONTEXT + 8)
+    vocab = model.args.vocab_size
+    context = [(1000 + 37 * i) % vocab for i in range(CONTEXT)]
+    times = []
+    with torch.inference_mode():
+        model(torch.tensor(context), torch.arange(CONTEXT), cache, CONTEXT, "none")
+        for i in range(6):
+            started = time.perf_counter()
+            model(torch.tensor([context[i]]), torch.tensor([CONTEXT]), cache, CONTEXT + 1, "last")
+            times.append((time.perf_counter() - started) * 1e3)
+    return {"median_ms": statistics.median(times[1:]), "best_ms": min(times[1:])}
+
+
+def machine() -> dict[str, Any]:
+    flags = Path("/proc/cpuinfo").read_text()
+    description = cpu_description()
+    description["avx512"] = "avx512f" in flags
+    description["avx2"] = "avx2" in flags
+    return description
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def scored(
+    engine: Engine, prompts: list[list[int]], references: dict[str, list[list[int]]]
+) -> dict[str, Any]:
+    """Per reference: top-1 matches over every generated position of every prompt."""
+    return {
+        name: [m for p, r in zip(prompts, refs, strict=True) for m in top1_matches(engine, p, r)]
+        for name, refs in references.items()
+    }
+
+
+def loaded(name: str, load_s: dict[str, float]) -> Engine:
+    started = time.perf_counter()
+    engine = load_engine(DEFAULT_TARGET, None, max_seq_len=512, **TARGETS[name])  # type: ignore[arg-type]
+    load_s[name] = time.perf_counter() - started
+    print(f"{name}: loaded in {load_s[name]:.0f} s; {uptime()}", flush=True)
+    return engine
+
+
+def run(limit: int, max_new_tokens: int) -> dict[str, Any]:
+    load_s: dict[str, float] = {}
+    forward: dict[str, dict[str, float]] = {}
+    matches: dict[str, dict[str, list[bool]]] = {}
+    llama_cpp = loaded("llama.cpp", load_s)  # kept: its weights are a memory map
+    prompts = bench_prompts(llama_cpp, limit)
+    references = {"llama.cpp": [greedy(llama_cpp, prompt, max_new_tokens) for prompt in prompts]}
+    for name in ("bf16", "int4", "gguf-int4"):  # torch targets, one in memory at a time
+        engine = loaded(name, load_s)
+        if name == "bf16":
+            references["bf16"] = [greedy(engine, prompt, max_new_tokens) for prompt in prompts]
+        matches[name] = scored(engine, prompts, references)
+        forward[name] = one_id_forward_ms(engine)
+        print(f"{name}: one-id forward {forward[name]}; {uptime()}", flush=True)
+        del engine
+    matches["llama.cpp"] = scored(llama_cpp, prompts, references)
+    forward["llama.cpp"] = one_id_forward_ms(llama_cpp)
+    same_greedy = sum(a == b for a, b in zip(references["bf16"], references["llama.cpp"], strict=True))
+    return {
+        "bench": "gguf_int4",
+        "target": DEFAULT_TARGET,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "positions": {ref: sum(len(r) for r in refs) for ref, refs in references.items()},
+        "top1_agreement": {
+            name: {ref: sum(found) / len(found) for ref, found in by_ref.items()}
+            for name, by_ref in matches.items()
+        },
+        "bf16_and_llama_cpp_same_greedy_prompts": same_greedy,
+        "one_id_forward_ms": forward,
+        "load_s": load_s,
+        "machine": machine(),
+        "uptime_end": uptime(),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=8, help="bench prompts to use")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    args = parser.parse_args(argv)
+    print(f"start: {uptime()}", flush=True)
+    print(json.dumps(run(args.limit, args.max_new_tokens)))
+
+
+if __name__ == "__main__":
+    main()
