@@ -78,9 +78,10 @@ class Settings(BaseSettings):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
-    # Whisper base: about half tiny.en's word errors on real recorded speech, 16 kHz and phone band, for about
-    # twice its decoding time; Moonshine base hears as well but takes seconds per pass on 2 cores
-    # (bench/results/2026-12-01-cpu-asr-real.md). "tiny.en", "moonshine-base", or a CTranslate2 directory.
+    # Whisper base: 38% fewer word errors than tiny.en on real recorded speech at 16 kHz, 23% fewer on
+    # the phone band, for about twice its decoding time; Moonshine base hears as well but takes seconds
+    # per pass on 2 cores (bench/results/2026-12-01-cpu-asr-real.md). Or "tiny.en", "moonshine-base", or a
+    # CTranslate2 Whisper directory.
     asr_model: str = "base"
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
