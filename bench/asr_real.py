@@ -135,7 +135,7 @@ def stream_clip(recognizer: RecognizerLike, audio: np.ndarray) -> ClipRun:
 
 def new_recognizer(model: str) -> RecognizerLike:
     """The session's recogniser for `model` (loaded once per process)."""
-    from voiceagent.asr import new_recognizer as make  # the one the pipeline uses
+    from voiceagent.recognizers import new_recognizer as make  # the one the pipeline uses
 
     return make(model)
 

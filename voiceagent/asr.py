@@ -11,9 +11,10 @@ six schedules from 5 to 13. When the window grows past `max_window_s`, its audio
 sentence end if there is one) is dropped and that text becomes the prompt of later passes, so a pass costs
 the same however long the user talks. `decode_final` returns the last partial at once when that pass already
 heard all the speech (the endpointer's silence wait usually leaves time for one more pass); otherwise it
-decodes once more only the audio after the last stable sentence (or trimmed text), with that text as prompt.
-The final always begins with the last stable text, so work started on a stable partial (an LLM prefill)
-stays valid.
+decodes once more only the audio from the last stable word on, with the text before it as prompt (on a
+busy CPU the wait may pass with partials still running back to back: the fallback must be quick too). The
+final always begins with the last stable text, so work started on a stable partial (an LLM prefill) stays
+valid. Repetition loops of a pass and a pass's echo of its prompt are undone (voiceagent/asr_text.py).
 
 Latency choices (measured on 2 CPU cores with tiny.en, see `AsrOptions`): no beam search, no timestamp
 tokens, no Whisper VAD (the endpointer already did it), no conditioning on earlier utterances, and the encoder
@@ -43,16 +44,8 @@ from faster_whisper.tokenizer import Tokenizer
 from voiceagent.asr_text import collapse_repeats, drop_echo, text_key, words_of
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float
 from voiceagent.speech_models import DEFAULT_WHISPER, whisper_model_dir
-from voiceagent.stages import RecognizerLike
 
-__all__ = [
-    "AsrOptions",
-    "StreamingRecognizer",
-    "Transcript",
-    "load_asr_model",
-    "load_whisper",
-    "new_recognizer",
-]
+__all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
 
 WHISPER_MAX_S = 30.0  # Whisper's encoder cannot see more than this at once
 FINAL_MARGIN_S = 0.1  # a partial counts as final only if it heard this much past the end of speech
@@ -326,6 +319,7 @@ class StreamingRecognizer:
         cover most of an utterance by its end, so this hears a second or two instead of all of it (the
         endpointer's 320 ms wait may pass without a partial that heard it all: partials back to back on a
         busy CPU)."""
+        self._fit(audio)  # over 30 s since the window's start: commit what Whisper cannot hear at once
         if not self._agreed:
             text = self._decoder.text(audio[self._window_start :], self._prefix)
             return _join(self._prefix, "".join(drop_echo(_keys(self._prefix), words_of(text), text_key)))
@@ -383,25 +377,3 @@ class StreamingRecognizer:
             cut = int((done[-1].cut if done else keep_until) * SAMPLE_RATE)
             self._prefix = _join(self._prefix, _words_text(done))
             self._window_start = max(cut, self._window_start + SAMPLE_RATE)
-
-
-MOONSHINE = "moonshine-base"  # the ASR model name of Moonshine base English (voiceagent/moonshine.py)
-
-
-def load_asr_model(model: str = DEFAULT_WHISPER) -> object:
-    """Loads (once per process) the model behind `new_recognizer(model)`: at start-up, not in a turn."""
-    if model == MOONSHINE:
-        from voiceagent.moonshine import load_moonshine
-
-        return load_moonshine()
-    return load_whisper(model)
-
-
-def new_recognizer(model: str = DEFAULT_WHISPER) -> RecognizerLike:
-    """A session's recogniser for an ASR model (VOICEAGENT_ASR_MODEL): "tiny.en", "base", a CTranslate2
-    Whisper directory, or "moonshine-base". The model itself loads once per process."""
-    if model == MOONSHINE:
-        from voiceagent.moonshine import MoonshineRecognizer  # onnxruntime only; no faster-whisper model
-
-        return MoonshineRecognizer()
-    return StreamingRecognizer(options=AsrOptions(model=model))

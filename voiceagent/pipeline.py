@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from voiceagent.asr import load_asr_model, new_recognizer
 from voiceagent.audio import SAMPLE_RATE, frames
 from voiceagent.chunker import PhraseChunker
 from voiceagent.clock import Clock
@@ -28,6 +27,7 @@ from voiceagent.llm import (
     prepare_llm_models,
 )
 from voiceagent.real_speech import prepare_real_speech, real_speech_status
+from voiceagent.recognizers import load_asr_model, new_recognizer
 from voiceagent.session import Session, SessionOptions
 from voiceagent.speech_models import (
     VoiceError,

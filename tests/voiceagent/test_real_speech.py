@@ -21,12 +21,12 @@ from websockets.asyncio.client import connect
 from tests.gateway.helpers import running
 from tests.gateway.twilio_sim import RATE, TwilioCaller
 from voiceagent import real_speech
-from voiceagent.asr import MOONSHINE, new_recognizer
 from voiceagent.audio import frames, resample
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
 from voiceagent.real_speech import RealSpeechError, load_clips, prepare_real_speech
+from voiceagent.recognizers import MOONSHINE, new_recognizer
 from voiceagent.session import Session
 from voiceagent.talk import talk
 from voiceagent.wer import word_error_rate
