@@ -5,23 +5,27 @@ every sentence with a longer pause in it. With a scoring LLM (`voiceagent.llm.Tu
 this process) each partial transcript gets P(turn complete) from the draft model's warm cache
 (engine/turn_end.py), and the endpointer's wait follows it:
 
-- score >= `complete_score`: the words end a turn; `complete_silence_ms` (120) of silence ends it.
-- score <= `incomplete_score`: the user stopped mid-sentence; wait `incomplete_silence_ms` (1500), then end
-  the turn anyway (they may have finished after all).
+- score >= `complete_score` (0.05): the words end a turn; `complete_silence_ms` (120) of silence ends it.
+- score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (2000),
+  then end the turn anyway (they may have finished after all).
 - in between: a wait between the two, log-linear in the score.
-- words heard after the scored ones (the user spoke on after the partial's audio): never less than
-  `pending_silence_ms` (700), long enough for the partial at the pause and its score to arrive, since a
-  finished-looking fragment ("I'd like a pizza" ... "and") must not end the turn on its own.
+- words heard after the scored ones (the user spoke on after the partial's audio, by more than
+  `heard_slack_ms`, 80): never less than `pending_silence_ms` (900), long enough for the partial at the
+  pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
+  not end the turn on its own.
+- words ending in a digit (a number being dictated, paused in): as incomplete (`digits_wait`).
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
-endpointer's wait from it (`Endpointer.set_end_silence_ms`) on every frame. The thresholds come from
-bench/turn_taking (the clips tuned on are not the clips reported on).
+endpointer's wait from it (`Endpointer.set_end_silence_ms`) on every frame. The defaults are what
+bench/turn_taking chose on its tuning clips on 2026-12-01 (bench/results/2026-12-01-cpu-turn-taking.md; the
+clips tuned on are not the clips reported on).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from voiceagent.config import Settings
@@ -33,14 +37,17 @@ __all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms"]
 class TurnTakingOptions:
     """The policy's thresholds and waits (the VOICEAGENT_TURN_* settings; see the module docstring)."""
 
-    complete_score: float = 0.02  # a score at or above this ends the turn after complete_silence_ms
-    incomplete_score: float = 0.002  # at or below this the turn waits incomplete_silence_ms
+    complete_score: float = 0.05  # a score at or above this ends the turn after complete_silence_ms
+    incomplete_score: float = 0.01  # at or below this the turn waits incomplete_silence_ms
     complete_silence_ms: int = 120
-    incomplete_silence_ms: int = 1500
-    pending_silence_ms: int = 700  # the least wait while the latest words are not scored yet
+    incomplete_silence_ms: int = 2000
+    pending_silence_ms: int = 900  # the least wait while the latest words are not scored yet
     # A partial whose audio ends at most this long before the last voiced chunk still heard every word:
     # Silero's voiced chunks run on ~50-100 ms past the last loud sample of a word.
-    heard_slack_ms: int = 0
+    heard_slack_ms: int = 80
+    # Words that end in a digit may be a number being dictated ("call me back on 0 7 ..."), which people
+    # pause inside and a language model cannot tell from a finished one: they wait as if incomplete.
+    digits_wait: bool = True
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
 
     def __post_init__(self) -> None:
@@ -66,11 +73,13 @@ class TurnTakingOptions:
             incomplete_silence_ms=settings.turn_incomplete_silence_ms,
             pending_silence_ms=settings.turn_pending_silence_ms,
             heard_slack_ms=settings.turn_heard_slack_ms,
+            digits_wait=settings.turn_digits_wait,
             fallback_silence_ms=settings.end_silence_ms,
         )
 
 
 DEFAULT_OPTIONS = TurnTakingOptions()
+ENDS_IN_DIGIT = re.compile(r"\d[\W_]*$")
 
 
 def end_silence_ms(
@@ -114,13 +123,16 @@ class EndOfTurnWait:
         self._heard_until_ns = -1
         self._unscorable = False
 
-    def scored(self, score: float | None, heard_until_ns: int) -> None:
+    def scored(self, score: float | None, heard_until_ns: int, text: str = "") -> None:
         """A partial's score: `heard_until_ns`, the end of the audio that partial decoded (the time of the
-        last frame pushed before it started, plus the frame). None (no score) keeps an earlier score."""
+        last frame pushed before it started, plus the frame); `text`, the words scored (for `digits_wait`).
+        None (no score) keeps an earlier score."""
         if score is None:
             self._unscorable = self._score is None
             return
         end_silence_ms(score, self.options)  # checks it is a probability
+        if self.options.digits_wait and ENDS_IN_DIGIT.search(text):
+            score = min(score, self.options.incomplete_score)
         self._score, self._heard_until_ns, self._unscorable = score, heard_until_ns, False
 
     def wait_ms(self, last_voiced_ns: int) -> int:

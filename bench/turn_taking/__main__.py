@@ -32,7 +32,7 @@ import numpy as np
 
 from bench.turn_taking import report
 from bench.turn_taking.clips import Clip, build_clips
-from bench.turn_taking.ours import Recording, record, replay
+from bench.turn_taking.ours import Recording, Scored, record, replay
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT, run_pipecat
 from bench.turn_taking.report import ClassFigures, Outcome
 from voiceagent.speech_models import cache_root
@@ -40,11 +40,32 @@ from voiceagent.turn_taking import TurnTakingOptions
 
 BASELINE_MS = 320
 GRID = {
-    "complete_score": (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3),
-    "incomplete_score": (0.0005, 0.001, 0.002, 0.005),
+    "complete_score": (0.01, 0.02, 0.05, 0.1, 0.2, 0.4),
+    "incomplete_score": (0.001, 0.003, 0.01),
     "pending_silence_ms": (500, 700, 900),
     "incomplete_silence_ms": (1500, 2000),
+    "heard_slack_ms": (0, 80),
+    "digits_wait": (False, True),
 }
+
+
+NOTES = [
+    "How to read it:",
+    "",
+    "- The endpoint wait runs from the end of speech in the audio (its last sample above -40 dBFS), the same "
+    "for every system; Silero's voiced chunks run on ~50-100 ms past it, so the 320 ms rule reads "
+    "~370-400 ms.",
+    "- Cut off: the turn ended before the speech did (inside a pause; for complete clips, in the words).",
+    "- Ours is timed on this machine as it was loaded (see `uptime`): a partial's decode and its score delay "
+    "the decision by their measured wall time. 'No compute delay' replays the same scores as if they came at "
+    "once: what the policy decides, apart from this machine's speed.",
+    "- Pipecat ends a turn when its VAD has heard 0.2 s of silence and Smart Turn says complete (plus the "
+    "inference's measured time), else after 3 s more; the wait for a final transcript that Pipecat adds is "
+    "left out, so its waits are a lower bound.",
+    "- False interruptions (backchannels over the agent's reply): today and in Pipecat's default pipeline "
+    "every detected speech start interrupts; with the held reply (voiceagent/barge_in.py) only a start whose "
+    "partials or final hold real words (`is_backchannel` false).",
+]
 
 
 def log(message: str) -> None:
@@ -66,6 +87,30 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
         llm = template.fork()  # as each session forks the pipeline's warmed template
         recordings.append(await record(clip, StreamingRecognizer(whisper), llm, system_prompt))
         log(f"ours: {n}/{len(clips)} {clip.name}")
+    return recordings
+
+
+def save_recordings(path: Path, recordings: list[Recording]) -> None:
+    rows = [{**dataclasses.asdict(r), "clip": r.clip.name} for r in recordings]
+    path.write_text(json.dumps(rows))
+
+
+def load_recordings(path: Path, clips: list[Clip]) -> list[Recording]:
+    by_name = {c.name: c for c in clips}
+    recordings = []
+    for row in json.loads(path.read_text()):
+        if row["clip"] in by_name:
+            scored = [Scored(**s) for s in row["scored"]]
+            recordings.append(
+                Recording(
+                    by_name[row["clip"]],
+                    row["probabilities"],
+                    scored,
+                    row["speech_start_ns"],
+                    row["final_text"],
+                )
+            )
+    log(f"reused {len(recordings)} recordings from {path}")
     return recordings
 
 
@@ -135,7 +180,7 @@ def _keep(kept: dict[tuple[str, str], int], clip: Clip) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -145,7 +190,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-pipecat", action="store_true", help="leave Pipecat's Smart Turn out")
     parser.add_argument("--limit", type=int, default=0, help="at most this many clips per class and subset")
     parser.add_argument("--dump", type=Path, help="write every clip's partials, scores and turn ends here")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--recordings",
+        type=Path,
+        help="reuse the recordings kept in this file (made and kept there if absent)",
+    )
+    return parser.parse_args(argv)
+
+
+def recordings_of(clips: list[Clip], kept: Path | None) -> list[Recording]:
+    if kept is not None and kept.exists():
+        return load_recordings(kept, clips)
+    recordings = asyncio.run(record_all(clips))
+    if kept is not None:
+        save_recordings(kept, recordings)
+    return recordings
+
+
+def tuned(tune: list[Clip], recordings: list[Recording]) -> TurnTakingOptions:
+    """The grid's policy with the lowest tuning cost (report.tuning_cost) on the tuning clips."""
+
+    def cost(options: object) -> tuple[float, ...]:
+        assert isinstance(options, TurnTakingOptions)
+        return report.tuning_cost(tune, our_outcomes(recordings, options, held=True))
+
+    candidates = report.grid(TurnTakingOptions(), **GRID)
+    log(f"tuning the policy on the tuning clips: {len(candidates)} candidates")
+    chosen = report.best(candidates, cost)
+    assert isinstance(chosen, TurnTakingOptions)
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     load_before = uptime()
     clips = build_clips(cache_root() / "turn-taking", log)
     if args.limit:
@@ -153,38 +230,27 @@ def main(argv: list[str] | None = None) -> int:
         clips = [c for c in clips if kept.setdefault((c.kind, c.subset), 0) < args.limit and _keep(kept, c)]
     tune = [c for c in clips if c.subset == "tune"]
     shown = [c for c in clips if c.subset == "report"]
-    recordings = asyncio.run(record_all(clips))
-    by_subset = {s: [r for r in recordings if r.clip.subset == s] for s in ("tune", "report")}
-
-    def tuned_figures(options: object) -> dict[str, ClassFigures]:
-        assert isinstance(options, TurnTakingOptions)
-        return report.class_figures(tune, our_outcomes(by_subset["tune"], options, held=True))
-
-    log("tuning the policy on the tuning clips")
-    chosen = report.best(report.grid(TurnTakingOptions(), **GRID), tuned_figures)
-    assert isinstance(chosen, TurnTakingOptions)
-    systems: dict[str, dict[str, ClassFigures]] = {
-        f"silence {BASELINE_MS} ms (today)": report.class_figures(
-            shown, our_outcomes(by_subset["report"], BASELINE_MS, held=False)
-        ),
-        "score (tuned)": report.class_figures(shown, our_outcomes(by_subset["report"], chosen, held=True)),
-        "score, no compute delay": report.class_figures(
-            shown, our_outcomes([without_delay(r) for r in by_subset["report"]], chosen, held=True)
-        ),
+    recordings = recordings_of(clips, args.recordings)
+    reported = [r for r in recordings if r.clip.subset == "report"]
+    chosen = tuned(tune, [r for r in recordings if r.clip.subset == "tune"])
+    outcomes = {
+        f"silence {BASELINE_MS} ms (today)": our_outcomes(reported, BASELINE_MS, held=False),
+        "score (tuned)": our_outcomes(reported, chosen, held=True),
+        "score, no compute delay": our_outcomes([without_delay(r) for r in reported], chosen, held=True),
     }
     inferences: list[float] = []
-    pipecat: dict[str, Outcome] = {}
     if not args.skip_pipecat:
-        pipecat, inferences = pipecat_outcomes(shown)
-        systems["Pipecat 1.14 Smart Turn v3.2"] = report.class_figures(shown, pipecat)
+        outcomes["Pipecat 1.14 Smart Turn v3.2"], inferences = pipecat_outcomes(shown)
+    systems = {name: report.class_figures(shown, o) for name, o in outcomes.items()}
     if args.dump:
-        dump(args.dump, recordings, chosen, pipecat)
+        dump(args.dump, recordings, chosen, outcomes.get("Pipecat 1.14 Smart Turn v3.2", {}))
     scored = [s for r in recordings for s in r.scored]
     timing = {
         "score_s": [s.score_s for s in scored if s.score is not None],
         "asr_s": [s.asr_s for s in scored],
     }
-    write_results(args.out, systems, chosen, timing, inferences, load_before, len(tune), len(shown))
+    misses = report.misses(reported, outcomes["score (tuned)"])
+    write_results(args.out, systems, chosen, timing, inferences, load_before, (len(tune), len(shown)), misses)
     summary = {
         "results": str(args.out),
         "chosen": dataclasses.asdict(chosen),
@@ -219,8 +285,8 @@ def write_results(
     timing: dict[str, list[float]],
     inferences: list[float],
     load_before: str,
-    n_tune: int,
-    n_report: int,
+    n_clips: tuple[int, int],
+    misses: list[str],
 ) -> None:
     about = machine()
     lines = [
@@ -231,7 +297,7 @@ def write_results(
         f"Machine: {about['cpu']}, {about['vector']}, torch CPU capability {about['torch_cpu_capability']}, "
         f"{about['cores']} threads. Load before: `{load_before}`; after: `{uptime()}`.",
         "",
-        f"Clips: {n_tune} to tune on, {n_report} reported (other sentences), each sentence in Piper "
+        f"Clips: {n_clips[0]} to tune on, {n_clips[1]} reported (other sentences), each sentence in Piper "
         "(en_US-joe-medium) and espeak-ng (en-us) voices. Pipecat: "
         f"`{PIPECAT_REQUIREMENT}`, its own virtualenv.",
         "",
@@ -243,6 +309,12 @@ def write_results(
         f"{percentiles_ms(timing['score_s'])}; "
         f"per partial transcript: {percentiles_ms(timing['asr_s'])}; per Smart Turn inference: "
         f"{percentiles_ms(inferences)}.",
+        "",
+        *NOTES,
+        "",
+        "What the tuned score got wrong on the reported clips:",
+        "",
+        *misses,
         "",
     ]
     out.parent.mkdir(parents=True, exist_ok=True)

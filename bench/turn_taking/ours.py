@@ -150,7 +150,8 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
     for i, frame in enumerate(frames(_audio(rec.clip.path))):
         t = i * FRAME_NS
         while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
-            wait.scored(pending[n_known].score, pending[n_known].heard_until_ns)
+            known = pending[n_known]
+            wait.scored(known.score, known.heard_until_ns, known.text)
             n_known += 1
         if wait is not None and endpointer.speaking():
             endpointer.set_end_silence_ms(wait.wait_ms(endpointer.last_voiced_ns()))

@@ -55,13 +55,18 @@ def class_figures(clips: Sequence[Clip], outcomes: dict[str, Outcome]) -> dict[s
     return figures
 
 
-def tuning_cost(figures: dict[str, ClassFigures], max_cut_rate: float = 0.05) -> tuple[float, ...]:
-    """Smaller is better: first stay within the cut-off limits, then the complete turns' p50 wait, then
-    the paused ones' p50 wait."""
-    paused_cuts = [figures[k].cut_rate or 0.0 for k in PAUSED_KINDS if k in figures]
-    worst_cut = max(paused_cuts, default=0.0)
+def tuning_cost(
+    clips: Sequence[Clip], outcomes: dict[str, Outcome], max_cut_rate: float = 0.05
+) -> tuple[float, ...]:
+    """Smaller is better: first keep within `max_cut_rate` the turns ended too early, over all paused
+    clips together (pauses, lists, hesitations) and over the complete ones; then the complete turns' p50
+    wait; then the paused ones'."""
+    figures = class_figures(clips, outcomes)
+    paused = [c for c in clips if c.kind in PAUSED_KINDS]
+    ends = [outcomes[c.name].end_s for c in paused]
+    cut = sum(e is not None and e < c.speech_end_s for c, e in zip(paused, ends, strict=True))
     early = figures["complete"].cut_rate or 0.0
-    over = max(0.0, worst_cut - max_cut_rate) + max(0.0, early - max_cut_rate)
+    over = max(0.0, cut / max(1, len(paused)) - max_cut_rate) + max(0.0, early - max_cut_rate)
     complete_wait = figures["complete"].wait_p50_ms or 1e9
     paused_waits = [figures[k].wait_p50_ms or 1e9 for k in PAUSED_KINDS if k in figures]
     return (over, complete_wait, float(np.mean(paused_waits)) if paused_waits else 0.0)
@@ -78,8 +83,29 @@ def grid(base: object, **values: Sequence[object]) -> list[object]:
     return options
 
 
-def best(options: Sequence[object], evaluate: Callable[[object], dict[str, ClassFigures]]) -> object:
-    return min(options, key=lambda o: tuning_cost(evaluate(o)))
+def best(options: Sequence[object], cost: Callable[[object], tuple[float, ...]]) -> object:
+    return min(options, key=cost)
+
+
+def misses(recordings: Sequence[object], outcomes: dict[str, Outcome]) -> list[str]:
+    """Markdown bullets: the clips cut off (and what was heard then), complete ones kept waiting over a
+    second, backchannels that interrupted (and their transcripts)."""
+    lines = []
+    for rec in recordings:
+        clip, outcome = rec.clip, outcomes[rec.clip.name]  # type: ignore[attr-defined]
+        end_s = outcome.end_s
+        known = [s for s in rec.scored if end_s is not None and s.known_ns / 1e9 <= end_s]  # type: ignore[attr-defined]
+        heard = f"{known[-1].text!r} (score {known[-1].score})" if known else "nothing scored"
+        if clip.kind == "backchannel" and outcome.interrupted:
+            texts = sorted({s.text for s in rec.scored} | {rec.final_text})  # type: ignore[attr-defined]
+            lines.append(f"- interrupted by {clip.text!r} ({clip.voice}): heard {texts}")
+        elif clip.kind != "backchannel" and end_s is not None and end_s < clip.speech_end_s:
+            lines.append(f"- cut off: {clip.text!r} ({clip.voice}) at {end_s:.2f} s, heard {heard}")
+        elif clip.kind == "complete" and end_s is not None and end_s - clip.speech_end_s > 1.0:
+            lines.append(
+                f"- waited {end_s - clip.speech_end_s:.1f} s: {clip.text!r} ({clip.voice}), heard {heard}"
+            )
+    return lines or ["- nothing"]
 
 
 def _ms(value: float | None) -> str:

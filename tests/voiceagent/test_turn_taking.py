@@ -12,7 +12,8 @@ OPTIONS = TurnTakingOptions()
 def test_the_wait_follows_the_score() -> None:
     assert end_silence_ms(0.9) == OPTIONS.complete_silence_ms <= 150
     assert end_silence_ms(0.0) == OPTIONS.incomplete_silence_ms >= 1000
-    between = [end_silence_ms(s) for s in (0.003, 0.006, 0.012)]
+    low, high = OPTIONS.incomplete_score, OPTIONS.complete_score
+    between = [end_silence_ms(low * (high / low) ** f) for f in (0.25, 0.5, 0.75)]
     assert OPTIONS.incomplete_silence_ms > between[0] > between[1] > between[2] > OPTIONS.complete_silence_ms
 
 
@@ -41,11 +42,19 @@ def test_bad_options_and_scores_are_clear_errors() -> None:
 def test_an_utterance_waits_for_its_score_and_a_stale_score_cannot_end_it_quickly() -> None:
     wait = EndOfTurnWait()
     assert wait.wait_ms(last_voiced_ns=1_000) == OPTIONS.pending_silence_ms  # nothing scored yet
-    wait.scored(0.9, heard_until_ns=2_000)
-    assert wait.wait_ms(last_voiced_ns=1_980) == OPTIONS.complete_silence_ms  # it heard every word
-    assert wait.wait_ms(last_voiced_ns=2_500) == OPTIONS.pending_silence_ms  # words came after it
-    wait.scored(None, heard_until_ns=3_000)  # the engine was busy: the earlier score stands
-    assert wait.wait_ms(last_voiced_ns=1_980) == OPTIONS.complete_silence_ms
+    wait.scored(0.9, heard_until_ns=2_000_000_000)
+    assert wait.wait_ms(last_voiced_ns=1_980_000_000) == OPTIONS.complete_silence_ms  # it heard every word
+    assert wait.wait_ms(last_voiced_ns=2_500_000_000) == OPTIONS.pending_silence_ms  # words came after it
+    wait.scored(None, heard_until_ns=3_000_000_000)  # the engine was busy: the earlier score stands
+    assert wait.wait_ms(last_voiced_ns=1_980_000_000) == OPTIONS.complete_silence_ms
     wait.start_utterance()
     wait.scored(None, heard_until_ns=4_000)
     assert wait.wait_ms(last_voiced_ns=3_900) == OPTIONS.fallback_silence_ms  # no score to be had
+
+
+def test_a_number_being_dictated_waits_as_if_incomplete() -> None:
+    wait = EndOfTurnWait()
+    wait.scored(0.6, heard_until_ns=2_000, text="Call me back on 0 7")
+    assert wait.wait_ms(last_voiced_ns=1_900) == OPTIONS.incomplete_silence_ms
+    wait.scored(0.6, heard_until_ns=3_000, text="Call me back on 07912 please.")
+    assert wait.wait_ms(last_voiced_ns=2_900) == OPTIONS.complete_silence_ms
