@@ -12,7 +12,7 @@
     Hopper GPUs),
     VOICEAGENT_DTYPE, VOICEAGENT_DEVICE, VOICEAGENT_MAX_SEQ_LEN, VOICEAGENT_BACKEND ("ggml": the GGUF
     files on llama.cpp's CPU kernels, the default; "torch": PyTorch, for GPUs): the local engine.
-    VOICEAGENT_ASR_MODEL ("base", "tiny.en" or "moonshine-base"), VOICEAGENT_TTS ("piper" or "espeak"),
+    VOICEAGENT_ASR_MODEL ("tiny.en", "base" or "moonshine-base"), VOICEAGENT_TTS ("piper" or "espeak"),
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
     VOICEAGENT_TURN_SCORE (1: with the local engine, the silence that ends the user's turn follows the
@@ -79,11 +79,11 @@ class Settings(BaseSettings):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
-    # Whisper base: 38% fewer word errors than tiny.en on real recorded speech at 16 kHz, 23% fewer on
-    # the phone band, for about twice its decoding time; Moonshine base hears as well but takes seconds
-    # per pass on 2 cores (bench/results/2026-12-01-cpu-asr-real.md). Or "tiny.en", "moonshine-base", or a
-    # CTranslate2 Whisper directory.
-    asr_model: str = "base"
+    # tiny.en: on real recorded speech Whisper base makes 38% fewer word errors at 16 kHz (23% on the phone
+    # band), but on 2 busy cores its passes held the final back and took the CPU from the LLM: voice to
+    # voice went from 5.3 s to 7.3 s p50 side by side (bench/results/2026-12-01-cpu-asr-real.md).
+    # "base" where the CPU allows; "moonshine-base" (seconds per pass here); or a CTranslate2 directory.
+    asr_model: str = "tiny.en"
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
     # for the bundled Qwen pair, so sessions are cheap; the engine's max_seq_len is the ceiling.

