@@ -40,10 +40,19 @@ _NOISE = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "(coughs)", 
 MAX_BACKCHANNEL_WORDS = 3
 
 
+_HUM = re.compile(r"[mhnu]{1,8}")  # how Whisper spells a hum: "mm", "mmmm", "nm", "mhm", "uhuh", "n m"
+
+
+def _acknowledges(word: str) -> bool:
+    word = word.strip("-'")
+    return word in BACKCHANNEL_WORDS or _HUM.fullmatch(word.replace("-", "")) is not None
+
+
 def is_backchannel(text: str) -> bool:
-    """True for a transcript without real words: empty, noise only, or up to three backchannel words."""
+    """True for a transcript without real words: empty, noise only, or up to three backchannel words
+    (hums included, however Whisper spells them)."""
     words = re.findall(r"[\w'-]+", _NOISE.sub(" ", text.lower()))
-    return len(words) <= MAX_BACKCHANNEL_WORDS and all(w.strip("-'") in BACKCHANNEL_WORDS for w in words)
+    return len(words) <= MAX_BACKCHANNEL_WORDS and all(_acknowledges(w) for w in words)
 
 
 @dataclass

@@ -107,6 +107,9 @@ def test_without_resume_any_speech_over_the_reply_interrupts_it_at_once() -> Non
         ("", True),
         ("[coughing]", True),
         ("I see.", True),
+        ("N m", True),  # how Whisper heard Piper's "Mm-hmm." (bench/turn_taking)
+        ("Mm-mm Mmmm", True),
+        ("Uh-uh.", True),
         ("Yeah but what about Tuesday?", False),
         ("stop", False),
         ("What?", False),
