@@ -150,6 +150,8 @@ class Session:
                 self._paused = True
                 self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=True))
             return
+        if silence_ms > 0.0:  # a partial started now would not hear the end, and would delay the pause's
+            return
         if t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000 and self._decoding is None:
             self._last_partial_ns = t
             self._decoding = asyncio.create_task(self._partial(self.turn, t))
