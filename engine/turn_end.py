@@ -17,7 +17,8 @@ after a statement (P(eot | "I want to buy apples and pears.") is 0.02, after "Te
 20 hand-written texts, scored without their final marks, a = 0 left the widest gap between the lowest
 complete (0.04) and the highest incomplete (< 0.001) text. Give the words without a final mark: a
 recogniser puts a full stop after words cut off mid-sentence, and the score then measures only what follows.
-Cost: one forward of the ids not cached yet (the words since the last call), plus, when a > 0, one
+Cost: one forward of the ids not cached yet (the words since the last call, in one forward up to
+PREFILL_CHUNK of them), plus, when a > 0, one
 single-id forward per mark worth asking about (usually one).
 
 The cache is left as a reply wants it: the user's words are a prefix of the reply's prompt, so they stay
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.state import ModelState, prefill_state
+from engine.state import PREFILL_CHUNK, ModelState, prefill_state
 
 if TYPE_CHECKING:
     from engine.generate import Conversation
@@ -109,7 +110,8 @@ def end_of_turn_probability(
         raise ValueError(f"after_mark_power must be >= 0, got {after_mark_power}")
     state = conv.draft if conv.draft is not None else conv.target
     conv.reuse_prefix(words)  # words become the committed ids; at least the last one is fed again
-    prefill_state(state, conv.tokens)
+    if len(words) - state.valid > PREFILL_CHUNK:  # a long new prompt: in chunks, but for the last one
+        prefill_state(state, conv.tokens, leave=PREFILL_CHUNK)
     n_words = len(words)
     logits = state.feed(words[state.valid :], state.valid, "last")
     assert logits is not None
