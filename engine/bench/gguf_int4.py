@@ -9,7 +9,9 @@ bench prompt (bench/prompts.jsonl). Agreement: each target is fed prompt + refer
 its top-1 at every generated position is compared with the reference's token (teacher-forced top-1
 agreement over the generated tokens; a target against its own reference measures the rounding between
 one forward and one-id steps). Forward cost: one id after CONTEXT cached ids, median of 5 after a
-warm-up. Models are loaded one at a time. The last line is one JSON object.
+warm-up. Models are loaded one at a time. Also (--weights-only: just this) the RMS error, relative to the
+GGUF's own weights, of the weights each form multiplies by on three Q4_K tensors. The last line is one
+JSON object.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
 from engine.generate import Engine
+from engine.gguf_int4 import GgufTensors
 from engine.load import chat_prompt, load_engine
+from engine.models import resolve_gguf
+from engine.quant import Int4Linear
 from engine.sampling import SamplingParams
 
 PROMPTS = Path(__file__).resolve().parents[2] / "bench" / "prompts.jsonl"
 CONTEXT = 64  # ids cached before a one-id forward is timed
+WEIGHT_SAMPLES = ("blk.0.attn_q.weight", "blk.10.ffn_gate.weight", "blk.20.attn_output.weight")
 TARGETS: dict[str, dict[str, str]] = {  # name -> load_engine settings
     "llama.cpp": {"backend": "ggml"},
     "bf16": {"quant": "none"},
@@ -75,6 +82,44 @@ def one_id_forward_ms(engine: Engine) -> dict[str, float]:
             model(torch.tensor([context[i]]), torch.tensor([CONTEXT]), cache, CONTEXT + 1, "last")
             times.append((time.perf_counter() - started) * 1e3)
     return {"median_ms": statistics.median(times[1:]), "best_ms": min(times[1:])}
+
+
+def weight_errors(names: tuple[str, ...] = WEIGHT_SAMPLES) -> dict[str, dict[str, float]]:
+    """RMS error of the weights each form multiplies by, over the RMS of the GGUF's own weights: gguf-int4
+    with fp32 and bf16 scales/zeros, dense bf16 (the bf16 target), today's int4 (bf16 re-quantised, g128)."""
+    tensors = GgufTensors(resolve_gguf(DEFAULT_TARGET))
+    errors = {}
+    for name in names:
+        groups = tensors.q4k(name)
+        weight = torch.from_numpy(groups.dequantize()).double()  # [N, K]
+        scale = torch.from_numpy(groups.scale).double().repeat_interleave(32, 1)
+        zero = 8 * scale - torch.from_numpy(groups.offset).double().repeat_interleave(32, 1)
+        q = torch.from_numpy(groups.q).double()
+
+        def held(dtype: torch.dtype, q: Tensor = q, scale: Tensor = scale, zero: Tensor = zero) -> Tensor:
+            return (q - 8) * scale.to(dtype).double() + zero.to(dtype).double()
+
+        n, k = weight.shape
+        dense = weight.bfloat16().float()
+        requantised = Int4Linear(dense, None, torch.bfloat16)
+        readout = requantised(torch.eye(k, dtype=torch.bfloat16)).t().double()  # [N, K], rounded to bf16
+        rms = weight.pow(2).mean().sqrt()
+        forms = {"gguf-int4 fp32": held(torch.float32), "gguf-int4 bf16": held(torch.bfloat16)}
+        forms |= {"bf16 dense": dense.double(), "int4 re-quantised (bf16 readout)": readout}
+        errors[name] = {form: float((w - weight).pow(2).mean().sqrt() / rms) for form, w in forms.items()}
+    return errors
+
+
+def interleaved_forward_ms(rounds: int) -> dict[str, dict[str, float]]:
+    """One-id forward cost of every target, all loaded at once and timed in turn, `rounds` times (on a
+    shared machine the load drifts; interleaving gives each target the same drift)."""
+    load_s: dict[str, float] = {}
+    engines = {name: loaded(name, load_s) for name in TARGETS}
+    samples: dict[str, list[float]] = {name: [] for name in TARGETS}
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            samples[name].append(one_id_forward_ms(engine)["median_ms"])
+    return {name: {"median_ms": statistics.median(v), "best_ms": min(v)} for name, v in samples.items()}
 
 
 def machine() -> dict[str, Any]:
@@ -147,9 +192,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=8, help="bench prompts to use")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--weights-only", action="store_true", help="only the weight-error table")
+    parser.add_argument(
+        "--forward-rounds", type=int, default=0, help="only the one-id forward costs, all targets interleaved"
+    )
     args = parser.parse_args(argv)
     print(f"start: {uptime()}", flush=True)
-    print(json.dumps(run(args.limit, args.max_new_tokens)))
+    if args.forward_rounds:
+        result: dict[str, Any] = {
+            "interleaved_one_id_forward_ms": interleaved_forward_ms(args.forward_rounds)
+        }
+        result |= {"machine": machine(), "uptime_end": uptime()}
+    else:
+        result = {"weight_rms_error": weight_errors()}
+        if not args.weights_only:
+            result |= run(args.limit, args.max_new_tokens)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
