@@ -4,9 +4,9 @@
 is a third model (neither the bf16 target nor llama.cpp's). `quant="gguf-int4"` reads the file itself:
 every Q4_K matrix becomes an `Int4Linear` whose groups of 32 carry the file's 4-bit values, with the
 kernel's (scale, zero) set so that its dequantisation (q - 8) * scale + zero equals Q4_K's
-(d * sc) * q - dmin * m. Every other matrix type (Q6_K in Q4_K_M files: attn_v, some ffn_down, the
-output head; Q5_0 / Q8_0 in small models) is dequantised by the `gguf` package and kept dense in the
-activation dtype. Embeddings, norms and biases are dequantised the same way.
+(d * sc) * q - dmin * m. Every other matrix type (Q6_K in Q4_K_M files: attn_v and ffn_down of about
+half the layers, the output head; Q5_0 / Q8_0 in small models) is dequantised by the `gguf` package and
+kept dense in the activation dtype. Embeddings, norms and biases are dequantised the same way.
 
 What stays different from llama.cpp: the kernel holds scale and zero in the activation dtype (bf16 rounds
 d * sc to 8 significant bits; fp32 keeps it exact), and llama.cpp rounds activations to 8 bits (Q8_K) for
