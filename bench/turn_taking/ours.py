@@ -2,7 +2,8 @@
 
 `record` streams a clip frame by frame through `Endpointer` (Silero VAD), `StreamingRecognizer` (Whisper
 tiny.en) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a partial every 300 ms while
-the user speaks and one at 100 ms of silence, each partial's whole guess (`Transcript.text`) scored at once.
+the user speaks (none once they are silent) and one at 100 ms of silence, each partial's whole guess
+(`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
@@ -101,11 +102,12 @@ async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, sys
             if paused:
                 continue
             paused = pause = True
-        elif t - last_partial_ns >= PARTIAL_EVERY_MS * 1_000_000:
-            last_partial_ns, pause = t, False
+        elif silence_ms == 0.0 and t - last_partial_ns >= PARTIAL_EVERY_MS * 1_000_000:
+            last_partial_ns, pause = t, False  # (none once silent: it would hold back the pause's)
         else:
             continue
-        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause)
+        last = rec.scored[-1] if rec.scored else None
+        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last)
         rec.scored.append(scored)
         busy_until_ns = scored.known_ns
     if rec.speech_start_ns is not None:
@@ -114,14 +116,23 @@ async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, sys
 
 
 async def _partial(
-    recognizer: StreamingRecognizer, llm: LocalLLM, system_prompt: str, heard_until_ns: int, pause: bool
+    recognizer: StreamingRecognizer,
+    llm: LocalLLM,
+    system_prompt: str,
+    heard_until_ns: int,
+    pause: bool,
+    last: Scored | None,
 ) -> Scored:
+    """A partial and its score (the last one's again, without a forward, for the same words)."""
     started = time.perf_counter()
     transcript = recognizer.decode_partial()
     asr_s = time.perf_counter() - started
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
-    score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
+    if last is not None and last.text == transcript.text and last.score is not None:
+        score: float | None = last.score
+    else:
+        score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
     return Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
