@@ -167,10 +167,16 @@ def _load_block(block: Block, tensors: GgufTensors, i: int, dtype: torch.dtype) 
 
 
 def load_gguf_int4(
-    path: Path, args: ModelArgs, *, max_seq_len: int, dtype: torch.dtype, log: Log = log_to_stderr
+    path: Path,
+    args: ModelArgs,
+    *,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    log: Log = log_to_stderr,
 ) -> Transformer:
-    """The engine's model (on the CPU) with the GGUF file's Q4_K matrices as int4 and the rest dense."""
-    check_device(GGUF_INT4, torch.device("cpu"))
+    """The engine's model with the GGUF file's Q4_K matrices as int4 and the rest dense (CPU only)."""
+    check_device(GGUF_INT4, torch.device(device))
     tensors = GgufTensors(Path(path))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
         raise ValueError(

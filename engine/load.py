@@ -83,7 +83,12 @@ def load_engine(
             args = ModelArgs.from_json(directory / "config.json")
             gguf_file = gguf_file_of(name, log)
             return load_gguf_int4(
-                gguf_file, args, max_seq_len=options.max_seq_len, dtype=torch_dtype, log=log
+                gguf_file,
+                args,
+                max_seq_len=options.max_seq_len,
+                dtype=torch_dtype,
+                device=options.device,
+                log=log,
             )
         return quantize(
             load_checkpoint(

@@ -5,6 +5,8 @@ exactly those weights in fp32 (in bf16 the kernel rounds its scales and zeros: t
 the loaded target must answer, and speculative decoding on it must stay exact.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.generate import Engine
-from engine.gguf_int4 import GgufTensors, gguf_file_of, int4_from_q4k
+from engine.gguf_int4 import GgufTensors, gguf_file_of, int4_from_q4k, load_gguf_int4
 from engine.load import load_engine
 from engine.models import resolve_gguf
 from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK, unpack_q4k
@@ -89,6 +91,8 @@ def test_gguf_int4_is_refused_where_there_is_no_gguf() -> None:
     model = engine_model_from_hf(tiny_hf_model("qwen2-bias"), max_seq_len=32, dtype=torch.float32)
     with pytest.raises(ValueError, match="load time"):
         quantize(model, "gguf-int4")
+    with pytest.raises(ValueError, match="CPU"):
+        load_gguf_int4(Path("unused.gguf"), model.args, max_seq_len=32, dtype=torch.bfloat16, device="cuda")
 
 
 @pytest.mark.bundled
