@@ -17,9 +17,9 @@
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
     VOICEAGENT_TURN_SCORE (1: with the local engine, the silence that ends the user's turn follows the
     draft model's end-of-turn score of their words; 0: always VOICEAGENT_END_SILENCE_MS),
-    VOICEAGENT_TURN_COMPLETE_SCORE (0.05) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.01): the scores at or
+    VOICEAGENT_TURN_COMPLETE_SCORE (0.4) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.01): the scores at or
     above which a turn ends after VOICEAGENT_TURN_COMPLETE_SILENCE_MS (120) and at or below which it waits
-    VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (2000); VOICEAGENT_TURN_PENDING_SILENCE_MS (900): the least wait
+    VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (1500); VOICEAGENT_TURN_PENDING_SILENCE_MS (900): the least wait
     while the latest words are not scored yet; VOICEAGENT_TURN_HEARD_SLACK_MS (80): how far before the last
     voiced chunk a partial's audio may end and still count as hearing every word; VOICEAGENT_TURN_DIGITS_WAIT
     (1: words ending in a digit, a number being dictated, wait as incomplete) (voiceagent/turn_taking.py).
@@ -91,10 +91,10 @@ class Settings(BaseSettings):
     end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn (no score)
     # Turn-taking from the end-of-turn score (voiceagent/turn_taking.py; calibrated by bench/turn_taking).
     turn_score: bool = True
-    turn_complete_score: float = Field(0.05, gt=0, le=1)
+    turn_complete_score: float = Field(0.4, gt=0, le=1)
     turn_incomplete_score: float = Field(0.01, gt=0, lt=1)
     turn_complete_silence_ms: int = Field(120, ge=0, le=3000)
-    turn_incomplete_silence_ms: int = Field(2000, ge=0, le=5000)
+    turn_incomplete_silence_ms: int = Field(1500, ge=0, le=5000)
     turn_pending_silence_ms: int = Field(900, ge=0, le=5000)
     turn_heard_slack_ms: int = Field(80, ge=0, le=500)
     turn_digits_wait: bool = True

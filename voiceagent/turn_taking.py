@@ -5,8 +5,8 @@ every sentence with a longer pause in it. With a scoring LLM (`voiceagent.llm.Tu
 this process) each partial transcript gets P(turn complete) from the draft model's warm cache
 (engine/turn_end.py), and the endpointer's wait follows it:
 
-- score >= `complete_score` (0.05): the words end a turn; `complete_silence_ms` (120) of silence ends it.
-- score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (2000),
+- score >= `complete_score` (0.4): the words end a turn; `complete_silence_ms` (120) of silence ends it.
+- score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (1500),
   then end the turn anyway (they may have finished after all).
 - in between: a wait between the two, log-linear in the score.
 - words heard after the scored ones (the user spoke on after the partial's audio, by more than
@@ -37,10 +37,10 @@ __all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms"]
 class TurnTakingOptions:
     """The policy's thresholds and waits (the VOICEAGENT_TURN_* settings; see the module docstring)."""
 
-    complete_score: float = 0.05  # a score at or above this ends the turn after complete_silence_ms
+    complete_score: float = 0.4  # a score at or above this ends the turn after complete_silence_ms
     incomplete_score: float = 0.01  # at or below this the turn waits incomplete_silence_ms
     complete_silence_ms: int = 120
-    incomplete_silence_ms: int = 2000
+    incomplete_silence_ms: int = 1500
     pending_silence_ms: int = 900  # the least wait while the latest words are not scored yet
     # A partial whose audio ends at most this long before the last voiced chunk still heard every word:
     # Silero's voiced chunks run on ~50-100 ms past the last loud sample of a word.

@@ -162,7 +162,8 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
         t = i * FRAME_NS
         while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
             known = pending[n_known]
-            wait.scored(known.score, known.heard_until_ns, known.text)
+            if known.text.strip():  # as the session: a partial with no words yet is not scored
+                wait.scored(known.score, known.heard_until_ns, known.text)
             n_known += 1
         if wait is not None and endpointer.speaking():
             endpointer.set_end_silence_ms(wait.wait_ms(endpointer.last_voiced_ns()))
