@@ -66,7 +66,7 @@ class ScoredEndpointing:
             score = await self.scorer.end_of_turn_probability(messages)
         if score is not None:
             self._scored_words, self._score = words, score
-        self.wait.scored(score, heard_until_ns)
+        self.wait.scored(score, heard_until_ns, text=messages[-1]["content"])
         wait = self.wait.wait_ms(self.endpointer.last_voiced_ns())
         self.trace.write(
             TURN_SCORE, turn, score=score, ms=(self.clock.now_ns() - started) / 1e6, wait_ms=wait
