@@ -22,84 +22,45 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from voiceagent.config import Settings
+from voiceagent.llm_types import (
+    DEFAULT_OPTIONS,
+    LLM,
+    LLMError,
+    Message,
+    PrefillingLLM,
+    ProposingLLM,
+    ReplyBlock,
+    ReplyOptions,
+    TurnScoringLLM,
+)
 
 if TYPE_CHECKING:
     from engine import CommittedBlock, Conversation, Engine
 
-Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+__all__ = [  # the shared types are re-exported: every caller imports them from here
+    "DEFAULT_OPTIONS",
+    "LLM",
+    "LLMError",
+    "LocalLLM",
+    "Message",
+    "PrefillingLLM",
+    "ProposingLLM",
+    "RemoteLLM",
+    "ReplyBlock",
+    "ReplyOptions",
+    "TurnScoringLLM",
+    "connect_llm",
+    "llm_model_status",
+    "load_local_engine",
+    "prepare_llm_models",
+]
 
-
-@dataclass(frozen=True)
-class ReplyOptions:
-    """How to sample a reply (greedy by default: the same words every time for the same history)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class ReplyBlock:
-    """One committed block of the reply. The counts are None where the server does not report them."""
-
-    text: str
-    n_tokens: int | None = None
-    n_drafted: int | None = None
-    n_accepted: int | None = None
-    finish_reason: str | None = None  # on the last block: "stop", "length" (or "cancelled" locally)
-    token_ids: tuple[int, ...] = ()  # the in-process engine's ids (what a later reply may propose again)
-
-
-class LLMError(RuntimeError):
-    """The model could not answer: bad input, an engine failure, or an unreachable or refusing server."""
-
-
-class LLM(Protocol):
-    """What the voice pipeline's LLM stage needs."""
-
-    def stream(self, messages: Sequence[Message], options: ReplyOptions = ...) -> AsyncIterator[ReplyBlock]:
-        """Streams the reply to `messages` (the whole history, ending with the user's turn)."""
-        ...
-
-    async def aclose(self) -> None:
-        """Stops any generation in flight and releases connections."""
-        ...
-
-
-@runtime_checkable
-class PrefillingLLM(Protocol):
-    """An LLM that can cache a prompt ahead of the reply (the in-process engine can; a server cannot)."""
-
-    async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool: ...
-
-
-@runtime_checkable
-class TurnScoringLLM(Protocol):
-    """An LLM that scores how likely the user's words so far end their turn (the in-process engine)."""
-
-    async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None: ...
-
-
-@runtime_checkable
-class ProposingLLM(Protocol):
-    """An LLM that can take a proposed start of the reply (the ids of a reply to slightly different words)
-    and verify it instead of writing it token by token: the same reply, sooner (engine/proposal.py)."""
-
-    def stream_proposed(
-        self, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int]
-    ) -> AsyncIterator[ReplyBlock]: ...
-
-
-DEFAULT_OPTIONS = ReplyOptions()
 END_MARKS = " \t\n.,;:!?…"  # dropped from the end of a partial before scoring its end of turn
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
 
