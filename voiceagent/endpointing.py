@@ -38,7 +38,12 @@ class ScoredEndpointing:
         clock: Clock,
         trace: Trace,
     ) -> None:
-        self.endpointer, self.clock, self.trace = endpointer, clock, trace
+        self.endpointer, self.clock, self.trace, self.options = endpointer, clock, trace, options
+        self.use(llm)
+
+    def use(self, llm: LLM) -> None:
+        """Scores with `llm` from now on (the silence rule if it cannot score)."""
+        options = self.options
         self.scorer = llm if options is not None and isinstance(llm, TurnScoringLLM) else None
         self.wait = EndOfTurnWait(options) if self.scorer is not None and options is not None else None
         self.start_utterance()

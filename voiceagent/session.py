@@ -77,7 +77,7 @@ class Session:
         trace: Trace,
         options: SessionOptions | None = None,
     ) -> None:
-        self.endpointer, self.recognizer, self.llm = endpointer, recognizer, llm
+        self.endpointer, self.recognizer, self._llm = endpointer, recognizer, llm
         self.clock, self.trace = clock, trace
         self.options = options or SessionOptions()
         self.history: list[dict[str, str]] = [{"role": "system", "content": self.options.system_prompt}]
@@ -114,6 +114,16 @@ class Session:
         )
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @property
+    def llm(self) -> LLM:
+        return self._llm
+
+    @llm.setter
+    def llm(self, llm: LLM) -> None:
+        """Swaps the session's LLM (its head starts and end-of-turn scores follow)."""
+        self._llm = self.preemption.llm = llm
+        self.endpointing.use(llm)
 
     # ----- input -----------------------------------------------------------------------------------
 

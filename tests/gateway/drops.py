@@ -95,8 +95,10 @@ class DropPipeline:
         self.sessions_made = 0
 
     def new_session(self, clock: Any, trace: Any, options: SessionOptions | None = None) -> Session:
+        # The fake endpointer's own 200 ms rule ends each utterance (END_QUIET_S); the tiny engine's tokenizer
+        # has no chat template, so no end-of-turn score could be had anyway.
         options = dataclasses.replace(
-            options or SessionOptions(), reply=ReplyOptions(max_tokens=self.reply_tokens)
+            options or SessionOptions(), reply=ReplyOptions(max_tokens=self.reply_tokens), turn_taking=None
         )
         conversation = SlowConversation(self.engine.new_conversation(), self.block_s)
         self.sessions_made += 1

@@ -54,7 +54,9 @@ def speech_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_browser_client_talks_to_the_agent_over_ws(pipeline: Pipeline, speech_dir: Path) -> None:
     question = np.concatenate(
-        [silence(0.5), espeak_speech("What is the capital of France?", speech_dir), silence(1.2)]
+        # 2.5 s of silence after the question: the end-of-turn score may ask for up to 1.5 s (a client that
+        # stops sending sooner leaves the turn open), and the reply needs the rest.
+        [silence(0.5), espeak_speech("What is the capital of France?", speech_dir), silence(2.5)]
     )
     rate = 24000  # the client's rate: resampled both ways
 

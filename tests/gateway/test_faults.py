@@ -113,7 +113,9 @@ class StallingConversation:
         self.replies = 0
         self.cancelled = threading.Event()
 
-    def generate(self, prompt: Sequence[int], params: Any, cancel: threading.Event) -> Iterator[Block]:
+    def generate(
+        self, prompt: Sequence[int], params: Any, cancel: threading.Event, proposal: Sequence[int] = ()
+    ) -> Iterator[Block]:
         self.replies += 1
         if self.replies == 1:
             yield Block("Let me", None)
