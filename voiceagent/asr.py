@@ -34,7 +34,6 @@ import os
 import re
 import threading
 import zlib
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,14 +41,14 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 
 from voiceagent.asr_text import collapse_repeats, drop_echo, text_key, words_of
-from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float
+from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE
 from voiceagent.speech_models import DEFAULT_WHISPER, whisper_model_dir
+from voiceagent.utterance_audio import RING_FRAMES, UtteranceAudio
 
 __all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
 
 WHISPER_MAX_S = 30.0  # Whisper's encoder cannot see more than this at once
 FINAL_MARGIN_S = 0.1  # a partial counts as final only if it heard this much past the end of speech
-_RING_FRAMES = 50  # 1 s of audio kept before start(): the most pre-roll one can ask for
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class AsrOptions:
             raise ValueError(f"AsrOptions.max_window_s must be in [1, 25], got {self.max_window_s}")
         if self.stable_after_s is not None and not 0.0 <= self.stable_after_s <= 2.0:
             raise ValueError(f"AsrOptions.stable_after_s must be in [0, 2], got {self.stable_after_s}")
-        if not 0.0 <= self.pre_roll_ms <= _RING_FRAMES * FRAME_MS:
+        if not 0.0 <= self.pre_roll_ms <= RING_FRAMES * FRAME_MS:
             raise ValueError(f"AsrOptions.pre_roll_ms must be in [0, 1000], got {self.pre_roll_ms}")
 
 
@@ -222,11 +221,8 @@ class StreamingRecognizer:
     def __init__(self, model: WhisperModel | None = None, options: AsrOptions | None = None) -> None:
         self.options = options or AsrOptions()
         self._decoder = WhisperDecoder(model or load_whisper(self.options.model), self.options)
-        self._lock = threading.Lock()  # guards the audio (push runs beside a decode)
+        self._audio = UtteranceAudio()  # push runs beside a decode: it has its own lock
         self._decode_lock = threading.Lock()
-        self._ring: deque[np.ndarray] = deque(maxlen=_RING_FRAMES)
-        self._frames: list[np.ndarray] = []
-        self._active = False
         self._reset_text()
 
     def _reset_text(self) -> None:
@@ -240,34 +236,21 @@ class StreamingRecognizer:
     def start(self, pre_roll_ms: float | None = None) -> None:
         """Begins an utterance with the last `pre_roll_ms` of audio pushed before (None: the option's)."""
         pre_roll = self.options.pre_roll_ms if pre_roll_ms is None else pre_roll_ms
-        if not 0.0 <= pre_roll <= _RING_FRAMES * FRAME_MS:
-            raise ValueError(f"pre_roll_ms must be in [0, {_RING_FRAMES * FRAME_MS}], got {pre_roll}")
+        if not 0.0 <= pre_roll <= RING_FRAMES * FRAME_MS:
+            raise ValueError(f"pre_roll_ms must be in [0, {RING_FRAMES * FRAME_MS}], got {pre_roll}")
         keep = int(round(pre_roll / FRAME_MS))
-        with self._decode_lock, self._lock:
-            self._frames = list(self._ring)[len(self._ring) - keep :] if keep else []
-            self._ring.clear()
-            self._active = True
+        with self._decode_lock:
+            self._audio.start(keep)
             self._reset_text()
 
     def push(self, frame: np.ndarray) -> None:
         """Appends 20 ms of audio: [320] int16 PCM16 mono 16 kHz. Before start() it fills the pre-roll."""
-        if not isinstance(frame, np.ndarray) or frame.dtype != np.int16 or frame.shape != (FRAME_SAMPLES,):
-            got = f"{frame.dtype} {frame.shape}" if isinstance(frame, np.ndarray) else type(frame).__name__
-            raise ValueError(f"a frame must be [{FRAME_SAMPLES}] int16 (20 ms at 16 kHz), got {got}")
-        with self._lock:
-            (self._frames if self._active else self._ring).append(frame.copy())
-
-    def _snapshot(self) -> np.ndarray:
-        with self._lock:
-            if not self._active:
-                raise RuntimeError("no utterance: call start() first")
-            frames = list(self._frames)
-        return to_float(np.concatenate(frames)) if frames else np.zeros(0, dtype=np.float32)
+        self._audio.push(frame)
 
     def decode_partial(self) -> Transcript:
         """Re-decodes the window; returns the stable prefix and the whole current guess. CPU-heavy."""
         with self._decode_lock:
-            audio = self._snapshot()
+            audio = self._audio.snapshot()
             tail = self._pass(audio)
             agreed = _common_prefix(self._prev_tail, tail)
             if self.options.stable_after_s is not None:  # None: plain LocalAgreement-2
@@ -291,7 +274,7 @@ class StreamingRecognizer:
         after the stable ones complete the transcript.
         """
         with self._decode_lock:
-            audio = self._snapshot()
+            audio = self._audio.snapshot()
             speech_end = audio.size - int(max(0.0, trailing_silence_ms) * SAMPLE_RATE / 1000)
             if (
                 self._last_end > 0
@@ -300,9 +283,7 @@ class StreamingRecognizer:
                 text = self._last_text
             else:
                 text = self._final_pass(audio)
-            with self._lock:
-                self._active = False
-                self._frames = []
+            self._audio.end()
             self._reset_text()
             return text
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,9 @@ import tokenizers
 
 from voiceagent.asr import FINAL_MARGIN_S, Transcript
 from voiceagent.asr_text import collapse_repeats, text_key, words_of
-from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, to_float
+from voiceagent.audio import FRAME_MS, SAMPLE_RATE
 from voiceagent.speech_models import prepare_speech_model
+from voiceagent.utterance_audio import UtteranceAudio
 
 __all__ = ["MoonshineModel", "MoonshineRecognizer", "load_moonshine"]
 
@@ -45,7 +45,6 @@ TOKENS_PER_S, EXTRA_TOKENS = (
 )  # the reference's bound (6 per second of audio), plus a few for short audio
 MIN_AUDIO_S = 0.1  # shorter input is too short for the encoder's convolutions
 PRE_ROLL_MS = 400.0
-_RING_FRAMES = 50
 FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
 
 
@@ -105,11 +104,8 @@ class MoonshineRecognizer:
     def __init__(self, model: MoonshineModel | None = None, pre_roll_ms: float = PRE_ROLL_MS) -> None:
         self.model = model or load_moonshine()
         self.pre_roll_ms = pre_roll_ms
-        self._lock = threading.Lock()  # guards the audio (push runs beside a decode)
+        self._audio = UtteranceAudio()  # push runs beside a decode: it has its own lock
         self._decode_lock = threading.Lock()
-        self._ring: deque[np.ndarray] = deque(maxlen=_RING_FRAMES)
-        self._frames: list[np.ndarray] = []
-        self._active = False
         self._reset_text()
 
     def _reset_text(self) -> None:
@@ -120,31 +116,18 @@ class MoonshineRecognizer:
     def start(self) -> None:
         """Begins an utterance with the last `pre_roll_ms` of audio pushed before."""
         keep = int(round(self.pre_roll_ms / FRAME_MS))
-        with self._decode_lock, self._lock:
-            self._frames = list(self._ring)[len(self._ring) - keep :] if keep else []
-            self._ring.clear()
-            self._active = True
+        with self._decode_lock:
+            self._audio.start(keep)
             self._reset_text()
 
     def push(self, frame: np.ndarray) -> None:
         """Appends 20 ms of audio: [320] int16 PCM16 mono 16 kHz. Before start() it fills the pre-roll."""
-        if not isinstance(frame, np.ndarray) or frame.dtype != np.int16 or frame.shape != (FRAME_SAMPLES,):
-            got = f"{frame.dtype} {frame.shape}" if isinstance(frame, np.ndarray) else type(frame).__name__
-            raise ValueError(f"a frame must be [{FRAME_SAMPLES}] int16 (20 ms at 16 kHz), got {got}")
-        with self._lock:
-            (self._frames if self._active else self._ring).append(frame.copy())
-
-    def _snapshot(self) -> np.ndarray:
-        with self._lock:
-            if not self._active:
-                raise RuntimeError("no utterance: call start() first")
-            frames = list(self._frames)
-        return to_float(np.concatenate(frames)) if frames else np.zeros(0, dtype=np.float32)
+        self._audio.push(frame)
 
     def decode_partial(self) -> Transcript:
         """Decodes the whole utterance so far; returns the stable prefix and the whole current guess."""
         with self._decode_lock:
-            audio = self._snapshot()
+            audio = self._audio.snapshot()
             words = self._with_stable(words_of(self.model.transcribe(audio)))
             keys, previous = [text_key(w) for w in words], [text_key(w) for w in self._previous]
             agreed = 0
@@ -158,16 +141,14 @@ class MoonshineRecognizer:
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         """The utterance's transcript (begins with the last stable text); ends the utterance."""
         with self._decode_lock:
-            audio = self._snapshot()
+            audio = self._audio.snapshot()
             speech_end = audio.size - int(max(0.0, trailing_silence_ms) * SAMPLE_RATE / 1000)
             if self._last_end > 0 and self._last_end >= speech_end + FINAL_MARGIN_S * SAMPLE_RATE:
                 words = self._previous
             else:  # the silence after the speech costs decoder time and adds nothing
                 heard = audio[: speech_end + int(FINAL_TAIL_S * SAMPLE_RATE)]
                 words = self._with_stable(words_of(self.model.transcribe(heard)))
-            with self._lock:
-                self._active = False
-                self._frames = []
+            self._audio.end()
             self._reset_text()
             return "".join(words).strip()
 
