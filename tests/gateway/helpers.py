@@ -135,3 +135,20 @@ async def client(host: str, path: str = "/ws", **options: Any) -> AsyncIterator[
             recorder._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder._reader
+
+
+class RecordingPipeline:
+    """A pipeline (the real one, loaded once per module) that keeps the sessions it made, so a test can read
+    their history and trace."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline, self.settings = pipeline, pipeline.settings
+        self.sessions: list[Any] = []
+
+    async def warm_up(self) -> None:
+        await self.pipeline.warm_up()
+
+    def new_session(self, clock: Any, trace: Any, options: Any = None) -> Any:
+        session = self.pipeline.new_session(clock, trace, options)
+        self.sessions.append(session)
+        return session

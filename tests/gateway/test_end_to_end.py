@@ -5,38 +5,23 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
 from tests.fakes import espeak_speech, silence
-from tests.gateway.helpers import client, running
+from tests.gateway.helpers import RecordingPipeline, client, running
 from tests.gateway.twilio_sim import RATE, TwilioCaller
 from voiceagent.audio import resample
 from voiceagent.config import Settings
 from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
-from voiceagent.session import Session
 from voiceagent.wer import word_error_rate
 
 pytestmark = pytest.mark.bundled
 
 SMOL = "smollm2-135m-instruct"
-
-
-class RecordingPipeline:
-    """The real pipeline, keeping the sessions it made so the test can read their history and trace."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        self.sessions: list[Session] = []
-
-    def new_session(self, clock: Any, trace: Any, options: Any = None) -> Session:
-        session = self.pipeline.new_session(clock, trace, options)
-        self.sessions.append(session)
-        return session
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 
 from engine import SamplingParams, chat_prompt
 from tests.fakes import espeak_speech, silence
+from tests.gateway.helpers import RecordingPipeline
 from voiceagent.config import Settings
 from voiceagent.pipeline import Pipeline
 from voiceagent.session import Session, SessionOptions
@@ -44,18 +45,12 @@ class PunctuationFlippingRecognizer:
         return f"{text}." if partial.endswith("?") else f"{text}?"
 
 
-class FlippingPipeline:
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline, self.settings = pipeline, pipeline.settings
-        self.sessions: list[Session] = []
-
-    async def warm_up(self) -> None:
-        await self.pipeline.warm_up()
+class FlippingPipeline(RecordingPipeline):
+    """The real pipeline whose sessions' recognisers flip the final's punctuation."""
 
     def new_session(self, clock: Any, trace: Any, options: Any = None) -> Session:
-        session = self.pipeline.new_session(clock, trace, options)
+        session: Session = super().new_session(clock, trace, options)
         session.recognizer = PunctuationFlippingRecognizer(session.recognizer)
-        self.sessions.append(session)
         return session
 
 

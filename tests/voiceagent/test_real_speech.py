@@ -11,14 +11,13 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.gateway.helpers import running
+from tests.gateway.helpers import RecordingPipeline, running
 from tests.gateway.twilio_sim import RATE, TwilioCaller
 from voiceagent import real_speech
 from voiceagent.audio import frames, resample
@@ -27,7 +26,6 @@ from voiceagent.gateway.app import build_app
 from voiceagent.pipeline import Pipeline
 from voiceagent.real_speech import RealSpeechError, load_clips, prepare_real_speech
 from voiceagent.recognizers import MOONSHINE, new_recognizer
-from voiceagent.session import Session
 from voiceagent.talk import talk
 from voiceagent.wer import word_error_rate
 
@@ -76,19 +74,6 @@ def test_moonshine_streams_a_real_recording_behind_the_same_interface() -> None:
     assert all(b.stable.startswith(a.stable) for a, b in zip(partials, partials[1:], strict=False))
     assert partials[-1].stable and final.startswith(partials[-1].stable)
     assert word_error_rate(clip.text, final) <= 0.1, final
-
-
-class RecordingPipeline:
-    """The real pipeline, keeping the sessions it made so the test can read their traces."""
-
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        self.sessions: list[Session] = []
-
-    def new_session(self, clock: Any, trace: Any, options: Any = None) -> Session:
-        session = self.pipeline.new_session(clock, trace, options)
-        self.sessions.append(session)
-        return session
 
 
 @pytest.mark.bundled
