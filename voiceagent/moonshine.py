@@ -12,9 +12,12 @@ heard the whole utterance (as `StreamingRecognizer` does), else decodes the audi
 of speech once more; the final always begins with the last stable text. Repetition loops are undone as for
 Whisper (voiceagent/asr_text.py).
 
-Measured on a 2-core AVX2 EPYC (bench/results/2026-12-01-cpu-asr-real.md): accurate on real speech, but each
-decoder step costs 50-90 ms on one core (the int8 weights are dequantised on every step by the `.ort`
-graph), so a pass over a sentence takes about a second.
+The shipped `.ort` graphs dequantise their int8 weights on every run (onnxruntime does not constant-fold an
+`.ort` model): 63-70 ms a decoder step on a 2-core AVX2 EPYC. `load_moonshine` runs them rebuilt once as
+float ONNX graphs instead (voiceagent/moonshine_graph.py: the same weights, bit for bit; the same outputs
+with the same kernels): 11-14 ms a step, 4 s of speech in ~0.4 s rather than ~1.5 s, the same transcripts on
+the 13 real clips (bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the reference:
+`MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import tokenizers
 from voiceagent.asr import FINAL_MARGIN_S, Transcript
 from voiceagent.asr_text import collapse_repeats, text_key, words_of
 from voiceagent.audio import FRAME_MS, SAMPLE_RATE
+from voiceagent.moonshine_graph import MoonshineGraphs, float_graphs
 from voiceagent.speech_models import prepare_speech_model
 from voiceagent.utterance_audio import UtteranceAudio
 
@@ -51,51 +55,73 @@ FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pas
 class MoonshineModel:
     """The encoder and the merged decoder (with KV cache), and the tokenizer. Thread-safe for decoding."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, graphs: MoonshineGraphs, tokenizer: Path) -> None:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = min(2, os.cpu_count() or 1)
         options.inter_op_num_threads = 1
+        # A spinning second thread doubled the step (17 -> 33 ms) with another process on one of two cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         cpu = ["CPUExecutionProvider"]
-        self.encoder = onnxruntime.InferenceSession(
-            str(directory / "encoder_model.ort"), options, providers=cpu
-        )
-        self.decoder = onnxruntime.InferenceSession(
-            str(directory / "decoder_model_merged.ort"), options, providers=cpu
-        )
-        self.tokenizer = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.encoder = onnxruntime.InferenceSession(str(graphs.encoder), options, providers=cpu)
+        self.decoder = onnxruntime.InferenceSession(str(graphs.decoder), options, providers=cpu)
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
         self._past_names = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values")]
 
     def transcribe(self, audio: np.ndarray) -> str:
         """audio: [n] float32 at 16 kHz -> its text (greedy; empty for too little audio)."""
         if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
             return ""
-        hidden = self.encoder.run(None, {"input_values": audio[np.newaxis, :].astype(np.float32)})[0]
-        empty = np.zeros((1, KV_HEADS, 0, HEAD_DIM), dtype=np.float32)
-        past = {name: empty for name in self._past_names}
+        max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
+        text = self.tokenizer.decode(self.greedy_tokens(self.encode(audio), max_tokens))
+        return "".join(collapse_repeats(words_of(text), text_key)).strip()
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """audio: [n] float32 at 16 kHz -> the encoder's states [1, frames, 416] (~41 frames a second)."""
+        assert audio.ndim == 1 and audio.size >= MIN_AUDIO_S * SAMPLE_RATE, audio.shape
+        return self.encoder.run(None, {"input_values": audio[np.newaxis, :].astype(np.float32)})[0]
+
+    def greedy_tokens(self, hidden: np.ndarray, max_tokens: int) -> list[int]:
+        """The text's token ids, greedy, up to the end token or `max_tokens`."""
+        cache = self.empty_cache()
         tokens: list[int] = []
         next_id = START_TOKEN
-        for step in range(int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS):
-            logits, *present = self.decoder.run(None, {
-                "input_ids": np.array([[next_id]], dtype=np.int64),
-                "encoder_hidden_states": hidden,
-                "use_cache_branch": np.array([step > 0]),
-                **past,
-            })  # fmt: skip
-            next_id = int(logits[0, -1].argmax())
+        for _ in range(max_tokens):
+            next_id = int(self.decode_step(next_id, hidden, cache).argmax())
             if next_id == END_TOKEN:
                 break
             tokens.append(next_id)
-            for name, value in zip(self._past_names, present, strict=True):
-                if step == 0 or ".decoder." in name:  # the cross-attention keys stay those of step 0
-                    past[name] = value
-        text = self.tokenizer.decode(tokens)
-        return "".join(collapse_repeats(words_of(text), text_key)).strip()
+        return tokens
+
+    def empty_cache(self) -> dict[str, np.ndarray]:
+        """The decoder's key/value inputs before the first step: [1, 8 heads, 0, 52] each."""
+        empty = np.zeros((1, KV_HEADS, 0, HEAD_DIM), dtype=np.float32)
+        return {name: empty for name in self._past_names}
+
+    def decode_step(self, token: int, hidden: np.ndarray, cache: dict[str, np.ndarray]) -> np.ndarray:
+        """One decoder step: the next token's logits [32768]; `cache` (from `empty_cache`) is updated.
+
+        The first step (empty cache) computes the cross-attention keys/values from `hidden`; later steps take
+        the graph's cache branch, which reads them from `cache` and outputs empty ones in their place, so
+        only the self-attention entries (".decoder.") are replaced after it."""
+        first = cache[self._past_names[0]].shape[2] == 0
+        logits, *present = self.decoder.run(None, {
+            "input_ids": np.array([[token]], dtype=np.int64),
+            "encoder_hidden_states": hidden,
+            "use_cache_branch": np.array([not first]),
+            **cache,
+        })  # fmt: skip
+        for name, value in zip(self._past_names, present, strict=True):
+            if first or ".decoder." in name:
+                cache[name] = value
+        return logits[0, -1]
 
 
 @functools.cache
 def load_moonshine() -> MoonshineModel:
-    """The process's shared Moonshine model (prepared from its packages and loaded on the first call)."""
-    return MoonshineModel(prepare_speech_model(MODEL_NAME))
+    """The process's shared Moonshine model on its float graphs (prepared from its packages, and the float
+    graphs built, on the first call ever; loaded on the first call in a process)."""
+    directory = prepare_speech_model(MODEL_NAME)
+    return MoonshineModel(float_graphs(directory), directory / "tokenizer.json")
 
 
 class MoonshineRecognizer:

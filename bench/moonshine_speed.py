@@ -1,0 +1,155 @@
+"""Moonshine base on its shipped `.ort` graphs (the reference) and on the rebuilt float graphs, side by side,
+with Whisper tiny.en on the same clips in the same run.
+
+    .venv/bin/python -m bench.moonshine_speed [--steps 20] [--repeat 3]
+
+Per Moonshine path: the time of one decoder step (median and p90 over `--steps` steps after the first, on
+the encoding of JFK's first 5 s, `--repeat` times), the encoder's time for 2, 5 and 10 s of audio (median of
+`--repeat`), and one whole `transcribe` of each of the 13 real clips (voiceagent/real_speech.py), timed, its
+text, and its word error rate (voiceagent/wer.py; errors over all reference words). Whisper tiny.en
+(voiceagent/asr.py `load_whisper`) hears each clip in one `StreamingRecognizer` pass (`decode_final` with no
+partial before it). The three run clip by clip, interleaved, so that load from elsewhere falls on all alike.
+Each model is warmed up on one clip first. Progress goes to stderr; the LAST line on stdout is one JSON
+object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from voiceagent.asr import StreamingRecognizer, load_whisper
+from voiceagent.audio import frames, to_float
+from voiceagent.moonshine import MODEL_NAME, START_TOKEN, MoonshineModel
+from voiceagent.moonshine_graph import float_graphs, ort_graphs
+from voiceagent.real_speech import RealClip, load_clips
+from voiceagent.speech_models import prepare_speech_model
+from voiceagent.wer import normalized_words, word_error_rate
+
+Transcribe = Callable[[RealClip], str]
+
+
+@dataclass(frozen=True)
+class ClipRun:
+    clip: str
+    seconds: float
+    ms: float
+    wer: float
+    text: str
+
+
+def cpu_facts() -> dict[str, object]:
+    lines = open("/proc/cpuinfo").read().splitlines() if os.path.exists("/proc/cpuinfo") else []
+    fields = dict(line.split(":", 1) for line in reversed(lines) if ":" in line)  # the first CPU's
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    return {"cpu": fields.get("model name") or platform.processor(), "cores": os.cpu_count(),
+            "avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+
+
+def step_times_ms(model: MoonshineModel, hidden: np.ndarray, steps: int) -> list[float]:
+    """Wall time of each decoder step after the first (the first computes the cross-attention cache)."""
+    cache, token, times = model.empty_cache(), START_TOKEN, []
+    model.decode_step(token, hidden, cache)
+    for _ in range(steps):
+        start = time.perf_counter()
+        token = int(model.decode_step(token, hidden, cache).argmax())
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def encoder_ms(model: MoonshineModel, audio: np.ndarray, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        model.encode(audio)
+        times.append((time.perf_counter() - start) * 1000)
+    return float(np.median(times))
+
+
+def moonshine_pass(model: MoonshineModel) -> Transcribe:
+    return lambda clip: model.transcribe(to_float(clip.audio))
+
+
+def whisper_pass(recognizer: StreamingRecognizer) -> Transcribe:
+    def transcribe(clip: RealClip) -> str:
+        recognizer.start(0.0)
+        for frame in frames(clip.audio):
+            recognizer.push(frame)
+        return recognizer.decode_final()
+
+    return transcribe
+
+
+def clip_runs(paths: dict[str, Transcribe], clips: list[RealClip]) -> dict[str, list[ClipRun]]:
+    runs: dict[str, list[ClipRun]] = {name: [] for name in paths}
+    for clip in clips:
+        for name, transcribe in paths.items():
+            start = time.perf_counter()
+            text = transcribe(clip)
+            ms = (time.perf_counter() - start) * 1000
+            wer = word_error_rate(clip.text, text)
+            runs[name].append(ClipRun(clip.name, round(clip.seconds, 2), round(ms, 1), round(wer, 4), text))
+            print(f"{clip.name} {name}: {ms:.0f} ms, WER {wer:.3f}: {text}", file=sys.stderr)
+    return runs
+
+
+def summary(runs: list[ClipRun], clips: list[RealClip]) -> dict[str, float]:
+    words = [len(normalized_words(c.text)) for c in clips]
+    errors = sum(r.wer * n for r, n in zip(runs, words, strict=True))
+    total_ms = sum(r.ms for r in runs)
+    audio_s = sum(c.seconds for c in clips)
+    return {"wer": round(errors / sum(words), 4), "total_ms": round(total_ms, 1),
+            "ms_per_audio_s": round(total_ms / audio_s, 1), "audio_s": round(audio_s, 2)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    directory = prepare_speech_model(MODEL_NAME)
+    loaded: dict[str, MoonshineModel] = {}
+    load_s: dict[str, float] = {}
+    for name, graphs in (
+        ("moonshine-ort", ort_graphs(directory)),
+        ("moonshine-float", float_graphs(directory)),
+    ):
+        start = time.perf_counter()
+        loaded[name] = MoonshineModel(graphs, directory / "tokenizer.json")
+        load_s[name] = round(time.perf_counter() - start, 2)
+    clips = load_clips(log=lambda _: None)
+    jfk = to_float(next(c for c in clips if c.name == "jfk").audio)
+    paths = {name: moonshine_pass(model) for name, model in loaded.items()}
+    paths["whisper-tiny.en"] = whisper_pass(StreamingRecognizer(load_whisper("tiny.en")))
+    for transcribe in paths.values():
+        transcribe(clips[0])  # warm-up
+    figures: dict[str, dict[str, object]] = {}
+    for name, model in loaded.items():
+        hidden = model.encode(jfk[: 5 * 16000])
+        steps = [t for _ in range(args.repeat) for t in step_times_ms(model, hidden, args.steps)]
+        encoder = {f"{s}s": round(encoder_ms(model, jfk[: s * 16000], args.repeat), 1) for s in (2, 5, 10)}
+        figures[name] = {"load_s": load_s[name], "encoder_ms": encoder,
+                         "step_ms_p50": round(float(np.median(steps)), 2),
+                         "step_ms_p90": round(float(np.percentile(steps, 90)), 2)}  # fmt: skip
+        print(f"{name}: {figures[name]}", file=sys.stderr)
+    runs = clip_runs(paths, clips)
+    for name, model_runs in runs.items():
+        figures.setdefault(name, {}).update(summary(model_runs, clips))
+    pairs = zip(runs["moonshine-ort"], runs["moonshine-float"], strict=True)
+    same = sum(a.text == b.text for a, b in pairs)
+    result = {"machine": cpu_facts(), "figures": figures, "same_transcripts": f"{same}/{len(clips)}"}
+    print(json.dumps({**result, "runs": {name: [asdict(r) for r in rs] for name, rs in runs.items()}}))
+
+
+if __name__ == "__main__":
+    main()

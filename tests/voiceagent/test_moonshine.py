@@ -1,0 +1,169 @@
+"""Moonshine's float graphs (voiceagent/moonshine_graph.py): the dequantisation chains folded exactly, the
+rebuilt files checked by sha256, and, on the real model, the same numbers and the same transcript as the
+shipped `.ort` graphs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from voiceagent import moonshine_graph
+from voiceagent.audio import to_float
+from voiceagent.moonshine import MODEL_NAME, START_TOKEN, MoonshineModel, load_moonshine
+from voiceagent.moonshine_graph import (
+    FLOAT,
+    INT8,
+    MoonshineGraphError,
+    check_float_graphs,
+    float_graphs,
+    fold_dequantize_chains,
+    name_subgraphs,
+    onnx_message,
+    ort_graphs,
+    tensor_array,
+)
+from voiceagent.real_speech import load_clips
+from voiceagent.speech_models import prepare_speech_model
+
+
+def tensor(name: str, array: np.ndarray) -> Any:
+    proto = onnx_message("TensorProto")(name=name, data_type=INT8 if array.dtype == np.int8 else FLOAT)
+    proto.dims.extend(array.shape)
+    proto.raw_data = array.tobytes()
+    return proto
+
+
+def node(op_type: str, inputs: list[str], outputs: list[str], name: str = "") -> Any:
+    made = onnx_message("NodeProto")(op_type=op_type, name=name)
+    made.input.extend(inputs)
+    made.output.extend(outputs)
+    return made
+
+
+def dequantizing_graph(quantized: np.ndarray, scale: float, offset: float) -> Any:
+    """w = float(q) * scale + offset, read by a MatMul inside an If's branch; an unrelated initializer."""
+    graph = onnx_message("GraphProto")(name="main")
+    graph.initializer.extend([
+        tensor("w_q", quantized), tensor("w_scale", np.array([scale], np.float32)),
+        tensor("w_offset", np.array([offset], np.float32)), tensor("bias", np.ones(3, np.float32)),
+    ])  # fmt: skip
+    graph.node.extend([
+        node("Cast", ["w_q"], ["w_cast"]), node("Mul", ["w_cast", "w_scale"], ["w_mul"]),
+        node("Add", ["w_mul", "w_offset"], ["w"]), node("Add", ["x", "bias"], ["x1"]),
+    ])  # fmt: skip
+    branch = onnx_message("GraphProto")()
+    branch.node.append(node("MatMul", ["x1", "w"], ["y"]))
+    if_node = node("If", ["cond"], ["y"], name="optimum::if")
+    if_node.attribute.append(onnx_message("AttributeProto")(name="then_branch", g=branch))
+    graph.node.append(if_node)
+    return graph
+
+
+def test_a_dequantisation_chain_becomes_its_float_weight_and_its_initializers_go() -> None:
+    quantized = np.array([[-128, 0, 127], [5, -7, 1]], np.int8)
+    scale, offset = 0.0391, 0.7832  # float32-rounded below, as the graph's Mul and Add round
+    graph = dequantizing_graph(quantized, scale, offset)
+    assert fold_dequantize_chains(graph) == 1
+    assert [n.op_type for n in graph.node] == ["Add", "If"]  # the chain's three nodes are gone
+    weights = {t.name: tensor_array(t) for t in graph.initializer}
+    assert sorted(weights) == ["bias", "w"]  # "w" is read from inside the branch: it is kept, as a float
+    expected = quantized.astype(np.float32) * np.float32(scale) + np.float32(offset)
+    assert weights["w"].dtype == np.float32 and np.array_equal(weights["w"], expected)
+
+
+def test_the_branches_get_the_names_onnx_requires() -> None:
+    graph = dequantizing_graph(np.zeros((2, 3), np.int8), 1.0, 0.0)
+    name_subgraphs(graph, "decoder_model_merged")
+    assert graph.node[-1].attribute[0].g.name == "decoder_model_merged/optimum::if/then_branch"
+
+
+def fake_float_graphs(tmp_path: Path) -> Path:
+    """A prepared-model folder with stand-in `.ort` files and a matching float build beside it."""
+    source = tmp_path / "moonshine"
+    built = tmp_path / "moonshine-float"
+    source.mkdir()
+    built.mkdir()
+    files, sources = {}, {}
+    for name in moonshine_graph.GRAPH_FILES:
+        (source / f"{name}.ort").write_bytes(f"ort {name}".encode())
+        (built / f"{name}.onnx").write_bytes(f"onnx {name}".encode())
+        sources[name] = hashlib.sha256(f"ort {name}".encode()).hexdigest()
+        files[name] = {
+            "size": len(f"onnx {name}"),
+            "sha256": hashlib.sha256(f"onnx {name}".encode()).hexdigest(),
+        }
+    manifest = {"format_version": moonshine_graph.FORMAT_VERSION, "sources": sources, "files": files}
+    (built / moonshine_graph.MANIFEST).write_text(json.dumps(manifest))
+    return source
+
+
+def test_a_built_float_graph_is_used_as_built_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    source = fake_float_graphs(tmp_path)
+    graphs = float_graphs(source)  # found and checked: nothing rebuilt (these stand-ins could not be)
+    assert graphs.decoder == tmp_path / "moonshine-float" / "decoder_model_merged.onnx"
+    graphs.decoder.write_bytes(b"onnx decoder_model_merged, but damaged")
+    manifest = moonshine_graph.manifest_of(source)
+    assert manifest is not None
+    with pytest.raises(MoonshineGraphError, match="damaged"):
+        check_float_graphs(source, manifest)
+
+
+def test_other_source_graphs_are_not_taken_for_the_built_ones(tmp_path: Path) -> None:
+    source = fake_float_graphs(tmp_path)
+    (source / "encoder_model.ort").write_bytes(b"another encoder")
+    assert moonshine_graph.manifest_of(source) is None  # float_graphs would rebuild
+
+
+# ----- the real model -----------------------------------------------------------------------------------
+def same_kernel_session(path: Path) -> onnxruntime.InferenceSession:
+    """No graph optimisation and no prepacked weights: both graphs then run the very same kernels."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def first_logits(graphs: moonshine_graph.MoonshineGraphs, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The encoder's states and the logits of the first two decoder steps (greedy)."""
+    encoder, decoder = same_kernel_session(graphs.encoder), same_kernel_session(graphs.decoder)
+    hidden = encoder.run(None, {"input_values": audio[np.newaxis]})[0]
+    past_names = [i.name for i in decoder.get_inputs() if i.name.startswith("past_key_values")]
+    past = {name: np.zeros((1, 8, 0, 52), np.float32) for name in past_names}
+    token, logits = START_TOKEN, []
+    for step in range(2):
+        inputs = {"input_ids": np.array([[token]]), "encoder_hidden_states": hidden}
+        out, *present = decoder.run(None, {**inputs, "use_cache_branch": np.array([step > 0]), **past})
+        past = dict(zip(past_names, present, strict=True)) if step == 0 else past
+        token = int(out[0, -1].argmax())
+        logits.append(out)
+    return hidden, np.stack(logits)
+
+
+@pytest.mark.bundled
+def test_the_float_graphs_compute_exactly_what_the_shipped_graphs_compute() -> None:
+    directory = prepare_speech_model(MODEL_NAME)
+    audio = to_float(load_clips(("cards-003",), log=lambda _: None)[0].audio)
+    reference_hidden, reference_logits = first_logits(ort_graphs(directory), audio)
+    hidden, logits = first_logits(float_graphs(directory), audio)
+    assert np.array_equal(hidden, reference_hidden)  # bit for bit: the same weights
+    assert np.array_equal(logits, reference_logits)
+
+
+@pytest.mark.bundled
+def test_the_fast_path_hears_a_real_clip_as_the_reference_path_does() -> None:
+    """The session's model (float graphs, onnxruntime's optimisations) against the shipped graphs."""
+    directory = prepare_speech_model(MODEL_NAME)
+    reference = MoonshineModel(ort_graphs(directory), directory / "tokenizer.json")
+    fast = load_moonshine()
+    clip = load_clips(("arctic-a0009",), log=lambda _: None)[0]
+    audio = to_float(clip.audio)
+    tokens = fast.greedy_tokens(fast.encode(audio), 40)
+    assert tokens == reference.greedy_tokens(reference.encode(audio), 40)
+    assert fast.transcribe(audio) == "He turned sharply and faced Gregson across the table."

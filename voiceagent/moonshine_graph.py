@@ -1,0 +1,293 @@
+"""Moonshine's `.ort` graphs rebuilt once as float ONNX graphs: what made each decoder step cost 60+ ms.
+
+The moonshine-cpp `.ort` files keep every weight as int8 with one scale and one offset per tensor, and
+dequantise it inside the graph: `Cast(int8) -> Mul(scale) -> Add(offset)`, 81 weights in the merged
+decoder's main graph (51 in the encoder). onnxruntime does not constant-fold an `.ort` model, so every
+decoder step re-dequantised all 41M decoder weights (~40 MB of int8 into ~165 MB of float) and transposed
+the 32768x416 embedding for the logits: 55 of the 65-95 ms a step took on a 2-core AVX2 EPYC
+(bench/results/2026-12-01-cpu-moonshine-speed.md).
+
+`float_graphs(directory)` builds, once per cache, `encoder_model.onnx` and `decoder_model_merged.onnx` beside
+a manifest of their sha256: onnxruntime itself writes each `.ort` graph out as ONNX (no graph optimisation:
+the graph as shipped), every dequantisation chain is replaced by its float result (computed with the same
+float32 operations, so the same weights), and the two branches of the decoder's `If` get the names ONNX
+requires. Nothing is tuned for the CPU it is built on: onnxruntime optimises the graph when it loads it.
+
+ONNX's protobuf schema is not a dependency here: the few fields touched are declared below (field numbers
+from onnx.proto, fixed by the format); every other field passes through untouched as an unknown field.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+__all__ = ["MoonshineGraphs", "MoonshineGraphError", "float_graphs", "ort_graphs", "rebuild_float_graph"]
+
+FORMAT_VERSION = 1
+MANIFEST = "float-graphs.json"
+GRAPH_FILES = ("encoder_model", "decoder_model_merged")  # <name>.ort -> <name>.onnx
+FLOAT, INT8 = 1, 3  # TensorProto.DataType
+ELEMENT_TYPES = {FLOAT: np.float32, INT8: np.int8}
+
+Proto = Any  # a message of the dynamic ONNX subset below (mypy cannot see dynamic protobuf classes)
+
+
+class MoonshineGraphError(RuntimeError):
+    """A rebuilt graph is missing, damaged or not what the source graph should give."""
+
+
+@dataclass(frozen=True)
+class MoonshineGraphs:
+    """The encoder and merged-decoder files one `MoonshineModel` runs."""
+
+    encoder: Path
+    decoder: Path
+
+
+def ort_graphs(directory: Path) -> MoonshineGraphs:
+    """The shipped `.ort` graphs (the reference: slow, dequantising on every run)."""
+    return MoonshineGraphs(directory / "encoder_model.ort", directory / "decoder_model_merged.ort")
+
+
+# ----- the ONNX subset: (name, field number, type, repeated) per message ---------------------------------
+_F = descriptor_pb2.FieldDescriptorProto
+ONNX_SUBSET: dict[str, list[tuple[str, int, int | str, bool]]] = {
+    "TensorProto": [("dims", 1, _F.TYPE_INT64, True), ("data_type", 2, _F.TYPE_INT32, False),
+                    ("name", 8, _F.TYPE_STRING, False), ("raw_data", 9, _F.TYPE_BYTES, False)],
+    "AttributeProto": [("name", 1, _F.TYPE_STRING, False), ("g", 6, "GraphProto", False),
+                       ("graphs", 11, "GraphProto", True)],
+    "NodeProto": [("input", 1, _F.TYPE_STRING, True), ("output", 2, _F.TYPE_STRING, True),
+                  ("name", 3, _F.TYPE_STRING, False), ("op_type", 4, _F.TYPE_STRING, False),
+                  ("attribute", 5, "AttributeProto", True), ("domain", 7, _F.TYPE_STRING, False)],
+    "GraphProto": [("node", 1, "NodeProto", True), ("name", 2, _F.TYPE_STRING, False),
+                   ("initializer", 5, "TensorProto", True)],
+    "ModelProto": [("graph", 7, "GraphProto", False)],
+}  # fmt: skip
+PACKAGE = "voiceagent_onnx_subset"
+
+
+def onnx_message(name: str) -> Any:
+    """The message class of ONNX's `name` (e.g. "ModelProto"), holding only the fields of ONNX_SUBSET."""
+    return message_factory.GetMessageClass(onnx_subset_pool().FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+
+@functools.cache
+def onnx_subset_pool() -> descriptor_pool.DescriptorPool:
+    file = descriptor_pb2.FileDescriptorProto(name=f"{PACKAGE}.proto", package=PACKAGE, syntax="proto2")
+    for message_name, fields in ONNX_SUBSET.items():
+        message = file.message_type.add(name=message_name)
+        for field_name, number, kind, repeated in fields:
+            field = message.field.add(name=field_name, number=number)
+            field.label = _F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
+            if isinstance(kind, str):
+                field.type, field.type_name = _F.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
+            else:
+                field.type = kind
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return pool
+
+
+# ----- folding the dequantisation chains ---------------------------------------------------------------
+def tensor_array(tensor: Proto) -> np.ndarray:
+    """A raw-data initializer of a known element type -> its array."""
+    if tensor.data_type not in ELEMENT_TYPES or not tensor.HasField("raw_data"):
+        raise MoonshineGraphError(f"initializer {tensor.name!r}: expected raw int8/float32 data")
+    array = np.frombuffer(tensor.raw_data, dtype=ELEMENT_TYPES[tensor.data_type])
+    return array.reshape(tuple(tensor.dims))
+
+
+def float_tensor(name: str, array: np.ndarray) -> Proto:
+    tensor = onnx_message("TensorProto")(name=name, data_type=FLOAT)
+    tensor.dims.extend(array.shape)
+    tensor.raw_data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    return tensor
+
+
+def subgraphs(graph: Proto) -> list[Proto]:
+    """The graphs held by `graph`'s nodes' attributes (an If's two branches), not recursively."""
+    found = []
+    for node in graph.node:
+        for attribute in node.attribute:
+            found.extend([attribute.g] if attribute.HasField("g") else [])
+            found.extend(attribute.graphs)
+    return found
+
+
+def names_read(graph: Proto) -> set[str]:
+    """Every value name read by a node of `graph` or of a graph inside it (outer-scope reads count)."""
+    read = {name for node in graph.node for name in node.input}
+    for inner in subgraphs(graph):
+        read |= names_read(inner)
+    return read
+
+
+@dataclass(frozen=True)
+class DequantizeChain:
+    """`output = float(quantized) * scale + offset`, three nodes reading three initializers."""
+
+    cast: Proto
+    mul: Proto
+    add: Proto
+
+    @property
+    def initializer_names(self) -> tuple[str, str, str]:
+        return self.cast.input[0], self.mul.input[1], self.add.input[1]
+
+
+def dequantize_chains(graph: Proto) -> list[DequantizeChain]:
+    """The graph's Cast(int8 initializer) -> Mul(initializer) -> Add(initializer) chains."""
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {output: node for node in graph.node for output in node.output}
+    chains = []
+    for add in graph.node:
+        mul = producer.get(add.input[0]) if add.op_type == "Add" and len(add.input) == 2 else None
+        if mul is None or mul.op_type != "Mul" or mul.input[1] not in initializers:
+            continue
+        cast = producer.get(mul.input[0])
+        if cast is None or cast.op_type != "Cast" or add.input[1] not in initializers:
+            continue
+        if cast.input[0] in initializers and initializers[cast.input[0]].data_type == INT8:
+            chains.append(DequantizeChain(cast, mul, add))
+    return chains
+
+
+def dequantized(chain: DequantizeChain, initializers: dict[str, Proto]) -> np.ndarray:
+    """The chain's float weight, with the graph's own float32 operations (one rounding per Mul and Add)."""
+    quantized, scale, offset = (tensor_array(initializers[n]) for n in chain.initializer_names)
+    if scale.dtype != np.float32 or offset.dtype != np.float32:
+        raise MoonshineGraphError(f"{chain.add.output[0]}: expected a float32 scale and offset")
+    weight = quantized.astype(np.float32) * scale + offset
+    if weight.shape != quantized.shape or weight.dtype != np.float32:
+        raise MoonshineGraphError(f"{chain.add.output[0]}: scale/offset change the weight's shape")
+    return weight
+
+
+def fold_dequantize_chains(graph: Proto) -> int:
+    """Replaces each chain by a float initializer of its output's name; drops the nodes and the
+    initializers nothing reads any more. Returns the number of chains folded."""
+    chains = dequantize_chains(graph)
+    initializers = {t.name: t for t in graph.initializer}
+    folded = [float_tensor(c.add.output[0], dequantized(c, initializers)) for c in chains]
+    chain_nodes = {id(node) for c in chains for node in (c.cast, c.mul, c.add)}
+    kept_nodes = [node for node in graph.node if id(node) not in chain_nodes]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    read = names_read(graph)
+    kept = [t for t in graph.initializer if t.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend([*kept, *folded])
+    return len(chains)
+
+
+def name_subgraphs(graph: Proto, prefix: str) -> None:
+    """ONNX requires every graph to have a name; onnxruntime's ORT-format export leaves branches blank."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            inner = ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+            for i, branch in enumerate(inner):
+                branch_name = f"{prefix}/{node.name or node.op_type}/{attribute.name}{i or ''}"
+                if not branch.name:
+                    branch.name = branch_name
+                name_subgraphs(branch, branch_name)
+
+
+# ----- building and checking the files -----------------------------------------------------------------
+def exported_onnx(ort_path: Path, scratch: Path) -> bytes:
+    """The `.ort` model as onnxruntime writes it in ONNX, with no graph optimisation applied."""
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(scratch / f"{ort_path.stem}.exported.onnx")
+    onnxruntime.InferenceSession(str(ort_path), options, providers=["CPUExecutionProvider"])
+    return Path(options.optimized_model_filepath).read_bytes()
+
+
+def rebuild_float_graph(ort_path: Path, dest: Path) -> int:
+    """Writes `ort_path`'s graph with float weights to `dest` (ONNX); returns the chains folded."""
+    with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+        model = onnx_message("ModelProto").FromString(exported_onnx(ort_path, Path(scratch)))
+    folded = fold_dequantize_chains(model.graph)
+    if folded == 0:
+        raise MoonshineGraphError(f"{ort_path.name}: no int8 weights found to fold (a different model?)")
+    name_subgraphs(model.graph, ort_path.stem)
+    dest.write_bytes(model.SerializeToString(deterministic=True))
+    return folded
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as source:
+        return hashlib.file_digest(source, "sha256").hexdigest()
+
+
+def float_dir(directory: Path) -> Path:
+    """Where the float graphs of the prepared model in `directory` live: a sibling `<name>-float`."""
+    return directory.with_name(f"{directory.name}-float")
+
+
+def manifest_of(directory: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((float_dir(directory) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    sources = {name: file_sha256(directory / f"{name}.ort") for name in GRAPH_FILES}
+    if manifest.get("format_version") != FORMAT_VERSION or manifest.get("sources") != sources:
+        return None  # an older build, or one from other source files
+    return dict(manifest)
+
+
+def build_float_graphs(directory: Path) -> None:
+    """Rebuilds both graphs into a fresh folder and moves it into place (manifest written last)."""
+    out = float_dir(directory)
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        files, sources, folded = {}, {}, {}
+        for name in GRAPH_FILES:
+            source, dest = directory / f"{name}.ort", partial / f"{name}.onnx"
+            folded[name] = rebuild_float_graph(source, dest)
+            sources[name] = file_sha256(source)
+            files[name] = {"size": dest.stat().st_size, "sha256": file_sha256(dest)}
+        manifest = {"format_version": FORMAT_VERSION, "onnxruntime": onnxruntime.__version__,
+                    "sources": sources, "folded_weights": folded, "files": files}  # fmt: skip
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(partial, out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def check_float_graphs(directory: Path, manifest: dict[str, Any]) -> MoonshineGraphs:
+    """The rebuilt files, each checked against the sha256 its manifest recorded when it was built."""
+    out = float_dir(directory)
+    for name in GRAPH_FILES:
+        expected = manifest["files"][name]["sha256"]
+        actual = file_sha256(out / f"{name}.onnx")
+        if actual != expected:
+            damaged = f"{out / name}.onnx is damaged (sha256 {actual}, built as {expected})"
+            raise MoonshineGraphError(f"{damaged}; delete {out} to rebuild it")
+    return MoonshineGraphs(out / "encoder_model.onnx", out / "decoder_model_merged.onnx")
+
+
+def float_graphs(directory: Path) -> MoonshineGraphs:
+    """The float graphs of the prepared Moonshine model in `directory`: built on the first call for these
+    source files (a few seconds, ~250 MB), checked by sha256 on every call (~0.3 s)."""
+    manifest = manifest_of(directory)
+    if manifest is None:
+        build_float_graphs(directory)
+        manifest = manifest_of(directory)
+    if manifest is None:
+        raise MoonshineGraphError(f"the float graphs in {float_dir(directory)} did not build")
+    return check_float_graphs(directory, manifest)
