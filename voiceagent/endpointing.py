@@ -19,7 +19,7 @@ from voiceagent.clock import Clock
 from voiceagent.llm import LLM, Message, TurnScoringLLM
 from voiceagent.stages import EndpointerLike
 from voiceagent.trace import TURN_SCORE, Trace
-from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
+from voiceagent.turn_taking import DEFAULT_OPTIONS, EndOfTurnWait, TurnTakingOptions
 
 
 def _words(text: str) -> list[str]:
@@ -53,6 +53,12 @@ class ScoredEndpointing:
         self._score: float | None = None
         if self.wait is not None:
             self.wait.start_utterance()
+
+    def heard_all(self, heard_until_ns: int) -> bool:
+        """A partial whose audio ends at `heard_until_ns` heard every word said so far (within the
+        policy's `heard_slack_ms`; the default slack under the silence rule)."""
+        slack_ms = (self.options or DEFAULT_OPTIONS).heard_slack_ms
+        return self.endpointer.last_voiced_ns() <= heard_until_ns + slack_ms * 1_000_000
 
     def before_frame(self) -> None:
         """Called for each input frame before the endpointer hears it: the wait the latest score says."""

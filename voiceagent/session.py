@@ -301,10 +301,14 @@ class Session:
         """A partial transcript of the audio up to the frame at `t_ns`: traced, scored, and a head start."""
         try:
             transcript = await asyncio.to_thread(self.recognizer.decode_partial)
-            if turn == self.turn and self._utterance_open:
+            heard_until_ns = t_ns + FRAME_MS * 1_000_000
+            # A regular partial that returns after the user spoke on past its audio cannot end the turn nor
+            # start a reply that will be kept: its score and head start would only slow the next partial.
+            heard_all = pause or self.endpointing.heard_all(heard_until_ns)
+            if turn == self.turn and self._utterance_open and heard_all:
                 messages = self._with_user(transcript.text.strip())
                 await self.preemption.stop_other(turn, messages)  # the LLM is free to score new words
-                await self.endpointing.score(turn, messages, heard_until_ns=t_ns + FRAME_MS * 1_000_000)
+                await self.endpointing.score(turn, messages, heard_until_ns=heard_until_ns)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(
@@ -312,17 +316,19 @@ class Session:
                 )
                 self.barge_ins.heard(transcript.text, final=False)  # real words end a held reply
                 if not self.barge_ins.replying():  # no head start while a held reply may resume
-                    self._head_start(turn, transcript.stable.strip(), transcript.text.strip(), pause)
+                    stable, text = transcript.stable.strip(), transcript.text.strip()
+                    self._head_start(turn, stable, text, pause, heard_all)
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write(ASR_PARTIAL_ERROR, turn, message=str(error))
         finally:
             self._decoding = None
 
-    def _head_start(self, turn: int, stable: str, text: str, pause: bool) -> None:
-        """A partial that returns while the user is silent may already hold every word: the reply starts
-        on it (the pause partial then confirms it or starts it again); else the stable words are fed."""
+    def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_all: bool) -> None:
+        """A partial that returns while the user is silent and heard every word said may hold them all:
+        the reply starts on it (the pause partial then confirms it or starts it again); else the stable
+        words are fed."""
         silent = (pause and self._paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
-        if silent and self.options.preemptive_reply and text:
+        if silent and heard_all and self.options.preemptive_reply and text:
             self.preemption.start(turn, self._with_user(text), text)
         elif not pause:
             self.preemption.prefill(turn, self._with_user(stable), len(stable.split()))

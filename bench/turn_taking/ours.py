@@ -5,7 +5,9 @@ tiny.en) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a par
 the user speaks (none once they are silent) and one at 100 ms of silence, each partial's whole guess
 (`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
-score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. The
+score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
+the session, a regular partial that returns after the user spoke on past its audio (by more than
+`HEARD_SLACK_MS`) is not scored (`Scored.score` None, `skipped`): it could not end the turn. The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
 utterance would get up to its first end, whatever the policy.
 
@@ -33,6 +35,7 @@ FRAME_NS = 20_000_000
 PARTIAL_EVERY_MS = 300  # SessionOptions.partial_every_ms
 PAUSE_MS = 100  # SessionOptions.pause_ms
 NEVER_MS = 60_000
+HEARD_SLACK_MS = TurnTakingOptions().heard_slack_ms  # a partial this close to the last voiced chunk heard it
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Scored:
     asr_s: float
     score_s: float
     pause: bool  # the partial at the pause
+    skipped: bool = False  # returned after the user spoke on past its audio: not scored (as the session)
 
 
 @dataclass
@@ -85,6 +89,7 @@ async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, sys
     endpointer = Endpointer(
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
     )  # type: ignore[arg-type]
+    voiced_until = _last_voiced_by_frame(clip)
     busy_until_ns, last_partial_ns, paused = 0, 0, False
     for i, frame in enumerate(frames(_audio(clip.path))):
         t = i * FRAME_NS
@@ -107,7 +112,7 @@ async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, sys
         else:
             continue
         last = rec.scored[-1] if rec.scored else None
-        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last)
+        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until)
         rec.scored.append(scored)
         busy_until_ns = scored.known_ns
     if rec.speech_start_ns is not None:
@@ -122,11 +127,17 @@ async def _partial(
     heard_until_ns: int,
     pause: bool,
     last: Scored | None,
+    voiced_until: list[int],
 ) -> Scored:
-    """A partial and its score (the last one's again, without a forward, for the same words)."""
+    """A partial and its score (the last one's again, without a forward, for the same words; none if it
+    returned after the user spoke on past its audio)."""
     started = time.perf_counter()
     transcript = recognizer.decode_partial()
     asr_s = time.perf_counter() - started
+    returned_ns = heard_until_ns + int(asr_s * 1e9)
+    frame = min(len(voiced_until) - 1, returned_ns // FRAME_NS)
+    if not pause and voiced_until[frame] > heard_until_ns + HEARD_SLACK_MS * 1_000_000:
+        return Scored(returned_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, skipped=True)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
     if last is not None and last.text == transcript.text and last.score is not None:
@@ -136,6 +147,16 @@ async def _partial(
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
     return Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
+
+
+def _last_voiced_by_frame(clip: Clip) -> list[int]:
+    """The endpointer's `last_voiced_ns()` after each frame of the clip (a first pass of Silero)."""
+    endpointer = Endpointer(VadOptions(end_silence_ms=NEVER_MS), model=load_silero())
+    until = []
+    for i, frame in enumerate(frames(_audio(clip.path))):
+        endpointer.push(frame, i * FRAME_NS)
+        until.append(endpointer.last_voiced_ns())
+    return until
 
 
 @functools.lru_cache(maxsize=256)
@@ -162,7 +183,7 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
         t = i * FRAME_NS
         while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
             known = pending[n_known]
-            if known.text.strip():  # as the session: a partial with no words yet is not scored
+            if known.text.strip() and not known.skipped:  # as the session: these are not scored
                 wait.scored(known.score, known.heard_until_ns, known.text)
             n_known += 1
         if wait is not None and endpointer.speaking():

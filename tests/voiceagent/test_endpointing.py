@@ -4,6 +4,7 @@ silence rule holds."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,3 +119,43 @@ def test_turn_taking_off_keeps_the_silence_rule_with_a_scoring_llm() -> None:
         options=SessionOptions(turn_taking=None),
     )
     assert endpoint_wait_ms(h) >= 180 and not llm.scored  # the fake endpointer's own 10 frames
+
+
+class LaggingRecognizer(VoicedWordsRecognizer):
+    """As VoicedWordsRecognizer, but a partial returns only after `lag_frames` more frames were pushed: the
+    words it heard are those at its start, as a real pass decodes the audio it was given."""
+
+    def __init__(self, text: str, lag_frames: int = 6) -> None:
+        super().__init__(text)
+        self.lag_frames, self.pushed = lag_frames, 0
+        self._pushed = threading.Condition()
+
+    def push(self, frame: Any) -> None:
+        super().push(frame)
+        with self._pushed:
+            self.pushed += 1
+            self._pushed.notify_all()
+
+    def decode_partial(self) -> FakeTranscript:
+        heard = super().decode_partial()
+        with self._pushed:
+            until = self.pushed + self.lag_frames
+            self._pushed.wait_for(lambda: self.pushed >= until, timeout=5.0)
+        return heard
+
+
+def test_partials_that_did_not_hear_the_end_are_neither_scored_nor_answered() -> None:
+    """Partials that return after the user spoke on past their audio leave the LLM free: only the words
+    of a partial that heard everything are scored, and the preemptive reply starts on those alone."""
+    llm = ScoringLLM()
+    recognizer = LaggingRecognizer("could you remind me to call my sister")
+    h = run(ask(80), llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
+    assert [e.text for e in h.of(TranscriptFinal)] == ["could you remind me to call my sister"]
+    # Only partials whose audio reached the last voiced frame (within the 80 ms slack) were scored: the
+    # last regular one may have ("... call my", 80 ms short), the earlier ones not.
+    assert llm.scored and all(len(words.split()) >= 7 for words in llm.scored), llm.scored
+    starts = [r["text"] for r in h.trace.records if r["event"] == "llm.preemptive_start"]
+    assert starts and all(len(words.split()) >= 7 for words in starts), starts
+    partials = [r for r in h.trace.records if r["event"] == "asr.partial"]
+    assert len(partials) >= len(llm.scored) + 3  # the regular partials still ran, unscored
+    assert endpoint_wait_ms(h) < 700  # the score of the pause partial ended it, not the pending wait
