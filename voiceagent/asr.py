@@ -153,7 +153,8 @@ class WhisperDecoder:
         _, tokens, encoder_output, n_frames = self._run(audio, prompt)
         if not tokens:
             return []
-        return collapse_repeats(self._align(tokens, encoder_output, n_frames, offset_s), lambda w: w.key)
+        words = self._align(tokens, encoder_output, n_frames, offset_s)
+        return collapse_repeats(words, lambda w: w.key, lambda w: w.text)
 
     def _run(self, audio: np.ndarray, prompt: str) -> tuple[str, list[int], object, int]:
         if audio.size < FRAME_SAMPLES:

@@ -9,9 +9,16 @@ Both showed on real speech (voiceagent/real_speech.py, bench/asr_real.py):
   prefix "Tell me a joke." and pass "Tell me a joke about the sea" gave "Tell me a joke. Tell me a joke
   about the sea". `drop_echo` removes the words the pass repeated from the prefix's end.
 
+- The same window with a short question at its start may end by starting the question again after its
+  question mark: "Can you tell me how to boil an egg? Can you tell me how to" (espeak-ng, in the voice
+  bench on an AVX2 EPYC, twice in 16 clips), which the final then repeats, and whose end-of-turn score the
+  unfinished copy drags down (1.5 s of waiting). `collapse_repeats` drops such a restart: three or more
+  words after a sentence's end mark that repeat that sentence's first words, at the very end.
+
 A phrase of two or more words said twice in a row, or a word three times in a row, is so rare in real
 speech ("thank you, thank you") and so common in decoding loops that a lost repeat is the cheaper mistake.
-Works on any sequence of items with a `key` (the word without case or punctuation).
+Works on any sequence of items with a `key` (the word without case or punctuation) and a `text` (the word
+as written, for its punctuation).
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ def _first_repeat(keys: Sequence[str]) -> tuple[int, int] | None:
     return None
 
 
-def collapse_repeats(items: Sequence[T], key: Callable[[T], str]) -> list[T]:
+def collapse_repeats(items: Sequence[T], key: Callable[[T], str], text: Callable[[T], str] = str) -> list[T]:
     """One copy of each phrase repeated back to back (the last copy, which may carry on: "Tell me X. Tell
-    me X about" keeps "Tell me X about"), at most MAX_WORD_RUN of a word in a row, and no unfinished copy
-    of the phrase before it at the very end ("10 of clubs 10 of" -> "10 of clubs")."""
+    me X about" keeps "Tell me X about"), at most MAX_WORD_RUN of a word in a row, no unfinished copy
+    of the phrase before it at the very end ("10 of clubs 10 of" -> "10 of clubs"), and no restart of the
+    last sentence after its end mark ("Tell me X? Tell me" -> "Tell me X?")."""
     out, looped = list(items), False
     while (repeat := _first_repeat([key(x) for x in out])) is not None:
         start, n = repeat
@@ -59,7 +67,7 @@ def collapse_repeats(items: Sequence[T], key: Callable[[T], str]) -> list[T]:
         if len(run_kept) >= MAX_WORD_RUN and all(key(y) == key(x) for y in run_kept[-MAX_WORD_RUN:]):
             continue
         run_kept.append(x)
-    return _drop_unfinished_copy(run_kept, key, looped)
+    return _drop_restart(_drop_unfinished_copy(run_kept, key, looped), key, text)
 
 
 def _drop_unfinished_copy(items: list[T], key: Callable[[T], str], looped: bool) -> list[T]:
@@ -70,6 +78,24 @@ def _drop_unfinished_copy(items: list[T], key: Callable[[T], str], looped: bool)
         for k in range(n - 1, 1 if looped else n - 2, -1):  # the unfinished copy's length
             if len(keys) >= n + k and keys[-k:] == keys[-k - n : -k][:k]:
                 return items[:-k]
+    return items
+
+
+MIN_RESTART_WORDS = 3  # "Can you? Can you" may be said; three words said again after the mark are a loop
+SENTENCE_END = (".", "?", "!")
+
+
+def _drop_restart(items: list[T], key: Callable[[T], str], text: Callable[[T], str]) -> list[T]:
+    """Without the words after the last sentence end mark when they repeat the start of that sentence."""
+    ends = [i for i, x in enumerate(items[:-1]) if text(x).rstrip().endswith(SENTENCE_END)]
+    if not ends:
+        return items
+    last_end = ends[-1]
+    start = ends[-2] + 1 if len(ends) > 1 else 0  # the sentence that the mark at last_end closes
+    keys = [key(x) for x in items]
+    tail, sentence = keys[last_end + 1 :], keys[start : last_end + 1]
+    if MIN_RESTART_WORDS <= len(tail) < len(sentence) and sentence[: len(tail)] == tail:
+        return items[: last_end + 1]
     return items
 
 

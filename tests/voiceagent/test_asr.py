@@ -298,6 +298,13 @@ def test_a_final_without_a_partial_that_heard_everything_decodes_only_the_audio_
         ("Tell me a joke. Tell me a joke about the sea", "Tell me a joke about the sea"),
         ("five five", "five five"),
         ("the man saw the dog and the man", "the man saw the dog and the man"),
+        # a short question started again after its mark (the voice bench, espeak-ng, AVX2 EPYC)
+        ("Can you tell me how to boil an egg? Can you tell me how to", "Can you tell me how to boil an egg?"),
+        ("Can you tell me how to boil it? Can you tell me", "Can you tell me how to boil it?"),
+        ("Hello there. Can you help me? Can you help", "Hello there. Can you help me?"),
+        ("What time is it? What time", "What time is it? What time"),  # two words again may be said
+        ("Is it on? Is it on? Yes.", "Is it on? Yes."),  # (a whole repeat: the loop rule)
+        ("I said hello. I said goodbye", "I said hello. I said goodbye"),  # not the same words
     ],
 )
 def test_repetition_loops_keep_one_copy(decoded: str, kept: str) -> None:
