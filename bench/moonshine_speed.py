@@ -8,9 +8,10 @@ the encoding of JFK's first 5 s, `--repeat` times), the encoder's time for 2, 5 
 `--repeat`), and one whole `transcribe` of each of the 13 real clips (voiceagent/real_speech.py), timed, its
 text, and its word error rate (voiceagent/wer.py; errors over all reference words). Whisper tiny.en
 (voiceagent/asr.py `load_whisper`) hears each clip in one `StreamingRecognizer` pass (`decode_final` with no
-partial before it). The three run clip by clip, interleaved, so that load from elsewhere falls on all alike.
-Each model is warmed up on one clip first. Progress goes to stderr; the LAST line on stdout is one JSON
-object with the figures.
+partial before it). The three run clip by clip, interleaved, so that load from elsewhere falls on all alike;
+each is warmed up on one clip first. Last, the float graphs with a draft: each clip once more, its draft the
+tokens of a pass over all but its last 0.3 s (as the recogniser's final reuses its last partial's tokens).
+Progress goes to stderr; the LAST line on stdout is one JSON object with the figures.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from voiceagent.speech_models import prepare_speech_model
 from voiceagent.wer import normalized_words, word_error_rate
 
 Transcribe = Callable[[RealClip], str]
+DRAFT_BEHIND_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -59,25 +61,58 @@ def cpu_facts() -> dict[str, object]:
 def step_times_ms(model: MoonshineModel, hidden: np.ndarray, steps: int) -> list[float]:
     """Wall time of each decoder step after the first (the first computes the cross-attention cache)."""
     cache, token, times = model.empty_cache(), START_TOKEN, []
-    model.decode_step(token, hidden, cache)
+    model.decode(hidden, cache, [token])
     for _ in range(steps):
         start = time.perf_counter()
-        token = int(model.decode_step(token, hidden, cache).argmax())
+        token = int(model.decode(hidden, cache, [token])[-1].argmax())
         times.append((time.perf_counter() - start) * 1000)
     return times
 
 
-def encoder_ms(model: MoonshineModel, audio: np.ndarray, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        model.encode(audio)
-        times.append((time.perf_counter() - start) * 1000)
-    return float(np.median(times))
+def encoder_ms(model: MoonshineModel, audio: np.ndarray) -> float:
+    start = time.perf_counter()
+    model.encode(audio)
+    return (time.perf_counter() - start) * 1000
+
+
+def model_figures(
+    models: dict[str, MoonshineModel], jfk: np.ndarray, args: argparse.Namespace
+) -> dict[str, dict[str, object]]:
+    """Decoder step and encoder times per model, the models taking turns `args.repeat` times."""
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    encoder: dict[str, dict[int, list[float]]] = {name: {2: [], 5: [], 10: []} for name in models}
+    for _ in range(args.repeat):
+        for name, model in models.items():
+            steps[name] += step_times_ms(model, model.encode(jfk[: 5 * 16000]), args.steps)
+            for seconds, times in encoder[name].items():
+                times.append(encoder_ms(model, jfk[: seconds * 16000]))
+    return {
+        name: {"encoder_ms": {f"{s}s": round(float(np.median(t)), 1) for s, t in encoder[name].items()},
+               "step_ms_p50": round(float(np.median(steps[name])), 2),
+               "step_ms_p90": round(float(np.percentile(steps[name], 90)), 2)}
+        for name in models
+    }  # fmt: skip
 
 
 def moonshine_pass(model: MoonshineModel) -> Transcribe:
     return lambda clip: model.transcribe(to_float(clip.audio))
+
+
+def drafted_runs(model: MoonshineModel, clips: list[RealClip], plain: list[ClipRun]) -> dict[str, object]:
+    """Each clip decoded with, as its draft, the tokens of a pass over all but its last 0.3 s (what the
+    partial before a final heard): the time of that pass alone, and whether its tokens are those of a pass
+    without a draft (`plain` holds those passes' texts)."""
+    times, same = [], 0
+    for clip, reference in zip(clips, plain, strict=True):
+        audio = to_float(clip.audio)
+        draft = model.heard_tokens(audio[: -int(DRAFT_BEHIND_S * 16000)])
+        start = time.perf_counter()
+        tokens = model.heard_tokens(audio, draft)
+        times.append((time.perf_counter() - start) * 1000)
+        same += tokens == model.heard_tokens(audio) and model.text_of(tokens) == reference.text
+    audio_s = sum(c.seconds for c in clips)
+    return {"total_ms": round(sum(times), 1), "ms_per_audio_s": round(sum(times) / audio_s, 1),
+            "same_tokens": f"{same}/{len(clips)}", "ms": [round(t, 1) for t in times]}  # fmt: skip
 
 
 def whisper_pass(recognizer: StreamingRecognizer) -> Transcribe:
@@ -133,18 +168,14 @@ def main() -> None:
     paths["whisper-tiny.en"] = whisper_pass(StreamingRecognizer(load_whisper("tiny.en")))
     for transcribe in paths.values():
         transcribe(clips[0])  # warm-up
-    figures: dict[str, dict[str, object]] = {}
-    for name, model in loaded.items():
-        hidden = model.encode(jfk[: 5 * 16000])
-        steps = [t for _ in range(args.repeat) for t in step_times_ms(model, hidden, args.steps)]
-        encoder = {f"{s}s": round(encoder_ms(model, jfk[: s * 16000], args.repeat), 1) for s in (2, 5, 10)}
-        figures[name] = {"load_s": load_s[name], "encoder_ms": encoder,
-                         "step_ms_p50": round(float(np.median(steps)), 2),
-                         "step_ms_p90": round(float(np.percentile(steps, 90)), 2)}  # fmt: skip
+    figures = model_figures(loaded, jfk, args)
+    for name, seconds in load_s.items():
+        figures[name]["load_s"] = seconds
         print(f"{name}: {figures[name]}", file=sys.stderr)
     runs = clip_runs(paths, clips)
     for name, model_runs in runs.items():
         figures.setdefault(name, {}).update(summary(model_runs, clips))
+    figures["moonshine-float+draft"] = drafted_runs(loaded["moonshine-float"], clips, runs["moonshine-float"])
     pairs = zip(runs["moonshine-ort"], runs["moonshine-float"], strict=True)
     same = sum(a.text == b.text for a, b in pairs)
     result = {"machine": cpu_facts(), "figures": figures, "same_transcripts": f"{same}/{len(clips)}"}

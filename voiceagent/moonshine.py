@@ -5,18 +5,20 @@ length: there is no 30 s window to pad, so a pass over 2 s of speech encodes 2 s
 the `moonshine-cpp` wheel (voiceagent/speech_models.py prepares and checks them); that package's own native
 library is never loaded, the `.ort` files run in the onnxruntime this project already uses.
 
-`MoonshineRecognizer` re-decodes the utterance's audio on every `decode_partial` (greedy). With no word
-timestamps, stability is LocalAgreement-2 on words: a word is stable once two consecutive passes agree on it
-and on the word after it (a pass's last word may be cut off). `decode_final` reuses the last partial when it
-heard the whole utterance (as `StreamingRecognizer` does), else decodes the audio up to just after the end
-of speech once more; the final always begins with the last stable text. Repetition loops are undone as for
-Whisper (voiceagent/asr_text.py).
+`MoonshineRecognizer` re-decodes the utterance's audio on every `decode_partial` (greedy), with the last
+pass's tokens as a draft: one decoder call checks them all, and steps go on only after the first token the
+new pass would not have chosen (`MoonshineModel.greedy_tokens`; the tokens are those of plain greedy
+decoding). With no word timestamps, stability is LocalAgreement-2 on words: a word is stable once two
+consecutive passes agree on it and on the word after it (a pass's last word may be cut off). `decode_final`
+reuses the last partial when it heard the whole utterance (as `StreamingRecognizer` does), else decodes the
+audio up to just after the end of speech once more (drafted too); the final always begins with the last
+stable text. Repetition loops are undone as for Whisper (voiceagent/asr_text.py).
 
 The shipped `.ort` graphs dequantise their int8 weights on every run (onnxruntime does not constant-fold an
 `.ort` model): 63-70 ms a decoder step on a 2-core AVX2 EPYC. `load_moonshine` runs them rebuilt once as
-float ONNX graphs instead (voiceagent/moonshine_graph.py: the same weights, bit for bit; the same outputs
-with the same kernels): 11-14 ms a step, 4 s of speech in ~0.4 s rather than ~1.5 s, the same transcripts on
-the 13 real clips (bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the reference:
+float ONNX graphs instead (voiceagent/moonshine_graph.py: the same weights bit for bit, the same outputs
+with the same kernels): 11-14 ms a step, and the same transcripts on the 13 real clips
+(bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the reference:
 `MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -67,12 +70,21 @@ class MoonshineModel:
         self.tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
         self._past_names = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values")]
 
-    def transcribe(self, audio: np.ndarray) -> str:
+    def transcribe(self, audio: np.ndarray, draft: Sequence[int] = ()) -> str:
         """audio: [n] float32 at 16 kHz -> its text (greedy; empty for too little audio)."""
+        return self.text_of(self.heard_tokens(audio, draft))
+
+    def heard_tokens(self, audio: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
+        """audio: [n] float32 at 16 kHz -> the greedy token ids of its text (none for too little audio).
+        `draft`: the tokens an earlier pass heard, checked all at once (see `greedy_tokens`)."""
         if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
-            return ""
+            return []
         max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
-        text = self.tokenizer.decode(self.greedy_tokens(self.encode(audio), max_tokens))
+        return self.greedy_tokens(self.encode(audio), max_tokens, draft)
+
+    def text_of(self, tokens: Sequence[int]) -> str:
+        """Token ids -> text, with repetition loops undone."""
+        text = self.tokenizer.decode(list(tokens))
         return "".join(collapse_repeats(words_of(text), text_key)).strip()
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
@@ -80,32 +92,43 @@ class MoonshineModel:
         assert audio.ndim == 1 and audio.size >= MIN_AUDIO_S * SAMPLE_RATE, audio.shape
         return self.encoder.run(None, {"input_values": audio[np.newaxis, :].astype(np.float32)})[0]
 
-    def greedy_tokens(self, hidden: np.ndarray, max_tokens: int) -> list[int]:
-        """The text's token ids, greedy, up to the end token or `max_tokens`."""
+    def greedy_tokens(self, hidden: np.ndarray, max_tokens: int, draft: Sequence[int] = ()) -> list[int]:
+        """The text's token ids, greedy, up to the end token or `max_tokens`.
+
+        The first decoder call reads the start token and the whole `draft` at once (as one step costs: the
+        weights are read once): its logits say which token greedy decoding picks after each draft prefix. The
+        draft is accepted up to its first token that is not the pick, the pick there is the bonus token, and
+        the steps go on from it. The tokens are those of decoding without a draft (the logits of a batched
+        call match a step's to ~2e-5), at the cost of one call plus a step per token after the accepted ones.
+        """
         cache = self.empty_cache()
-        tokens: list[int] = []
-        next_id = START_TOKEN
-        for _ in range(max_tokens):
-            next_id = int(self.decode_step(next_id, hidden, cache).argmax())
-            if next_id == END_TOKEN:
-                break
+        draft = list(draft[:max_tokens])
+        picks = self.decode(hidden, cache, [START_TOKEN, *draft]).argmax(axis=-1)  # [len(draft) + 1]
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == picks[accepted] != END_TOKEN:
+            accepted += 1
+        self._keep_positions(cache, accepted + 1)  # the start token and the accepted ones
+        tokens, next_id = draft[:accepted], int(picks[accepted])
+        while next_id != END_TOKEN and len(tokens) < max_tokens:
             tokens.append(next_id)
+            next_id = int(self.decode(hidden, cache, [next_id])[-1].argmax())
         return tokens
 
     def empty_cache(self) -> dict[str, np.ndarray]:
-        """The decoder's key/value inputs before the first step: [1, 8 heads, 0, 52] each."""
+        """The decoder's key/value inputs before the first call: [1, 8 heads, 0, 52] each."""
         empty = np.zeros((1, KV_HEADS, 0, HEAD_DIM), dtype=np.float32)
         return {name: empty for name in self._past_names}
 
-    def decode_step(self, token: int, hidden: np.ndarray, cache: dict[str, np.ndarray]) -> np.ndarray:
-        """One decoder step: the next token's logits [32768]; `cache` (from `empty_cache`) is updated.
+    def decode(self, hidden: np.ndarray, cache: dict[str, np.ndarray], token_ids: list[int]) -> np.ndarray:
+        """One decoder call: the logits after each of `token_ids` [len, 32768]; `cache` is updated.
 
-        The first step (empty cache) computes the cross-attention keys/values from `hidden`; later steps take
-        the graph's cache branch, which reads them from `cache` and outputs empty ones in their place, so
-        only the self-attention entries (".decoder.") are replaced after it."""
+        The first call (empty cache, any number of tokens) computes the cross-attention keys/values from
+        `hidden`; later calls (one token each) take the graph's cache branch, which reads them from `cache`
+        and outputs empty ones in their place, so only the self-attention entries (".decoder.") change."""
         first = cache[self._past_names[0]].shape[2] == 0
+        assert token_ids and (first or len(token_ids) == 1), token_ids
         logits, *present = self.decoder.run(None, {
-            "input_ids": np.array([[token]], dtype=np.int64),
+            "input_ids": np.array([token_ids], dtype=np.int64),
             "encoder_hidden_states": hidden,
             "use_cache_branch": np.array([not first]),
             **cache,
@@ -113,7 +136,13 @@ class MoonshineModel:
         for name, value in zip(self._past_names, present, strict=True):
             if first or ".decoder." in name:
                 cache[name] = value
-        return logits[0, -1]
+        return logits[0]
+
+    def _keep_positions(self, cache: dict[str, np.ndarray], positions: int) -> None:
+        """Drops the self-attention entries after the first `positions` tokens (rejected draft tokens)."""
+        for name, value in cache.items():
+            if ".decoder." in name and value.shape[2] > positions:
+                cache[name] = np.ascontiguousarray(value[:, :, :positions])
 
 
 @functools.cache
@@ -137,6 +166,7 @@ class MoonshineRecognizer:
     def _reset_text(self) -> None:
         self._stable: list[str] = []
         self._previous: list[str] = []  # the last pass's words
+        self._draft: list[int] = []  # ... and its tokens: the next pass checks them all in one decoder call
         self._last_end = 0  # samples heard by the last pass
 
     def start(self) -> None:
@@ -154,7 +184,8 @@ class MoonshineRecognizer:
         """Decodes the whole utterance so far; returns the stable prefix and the whole current guess."""
         with self._decode_lock:
             audio = self._audio.snapshot()
-            words = self._with_stable(words_of(self.model.transcribe(audio)))
+            self._draft = self.model.heard_tokens(audio, self._draft)
+            words = self._with_stable(words_of(self.model.text_of(self._draft)))
             keys, previous = [text_key(w) for w in words], [text_key(w) for w in self._previous]
             agreed = 0
             while agreed < min(len(keys), len(previous)) - 1 and keys[agreed] == previous[agreed]:
@@ -173,7 +204,8 @@ class MoonshineRecognizer:
                 words = self._previous
             else:  # the silence after the speech costs decoder time and adds nothing
                 heard = audio[: speech_end + int(FINAL_TAIL_S * SAMPLE_RATE)]
-                words = self._with_stable(words_of(self.model.transcribe(heard)))
+                tokens = self.model.heard_tokens(heard, self._draft)
+                words = self._with_stable(words_of(self.model.text_of(tokens)))
             self._audio.end()
             self._reset_text()
             return "".join(words).strip()

@@ -167,3 +167,34 @@ def test_the_fast_path_hears_a_real_clip_as_the_reference_path_does() -> None:
     tokens = fast.greedy_tokens(fast.encode(audio), 40)
     assert tokens == reference.greedy_tokens(reference.encode(audio), 40)
     assert fast.transcribe(audio) == "He turned sharply and faced Gregson across the table."
+
+
+class CountingDecoder:
+    """Wraps an onnxruntime session: counts its runs."""
+
+    def __init__(self, session: onnxruntime.InferenceSession) -> None:
+        self.session, self.runs = session, 0
+
+    def run(self, outputs: None, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        self.runs += 1
+        return self.session.run(outputs, inputs)
+
+
+@pytest.mark.bundled
+def test_a_draft_changes_the_cost_of_a_pass_not_its_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A right draft costs one decoder call; one from less audio, a wrong one, or one too long give the same
+    tokens as no draft at all."""
+    model = load_moonshine()
+    audio = to_float(load_clips(("librivox-0880",), log=lambda _: None)[0].audio)
+    plain = model.heard_tokens(audio)
+    counting = CountingDecoder(model.decoder)
+    monkeypatch.setattr(model, "decoder", counting)
+    assert model.heard_tokens(audio, plain) == plain and counting.runs == 1  # all accepted, then the end
+    earlier = model.heard_tokens(audio[:-8000])  # a partial's, 0.5 s before the end
+    assert earlier != plain
+    wrong = [plain[0], *reversed(plain[1:])]
+    for draft in (earlier, wrong, plain + plain, plain[:3]):
+        counting.runs = 0
+        assert model.heard_tokens(audio, draft) == plain
+        accepted = next(i for i, (a, b) in enumerate(zip([*draft, -1], [*plain, -1], strict=False)) if a != b)
+        assert counting.runs == 1 + max(0, len(plain) - accepted)  # a step for each token after those
