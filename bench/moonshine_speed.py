@@ -11,6 +11,8 @@ text, and its word error rate (voiceagent/wer.py; errors over all reference word
 partial before it). The three run clip by clip, interleaved, so that load from elsewhere falls on all alike;
 each is warmed up on one clip first. Last, the float graphs with a draft: each clip once more, its draft the
 tokens of a pass over all but its last 0.3 s (as the recogniser's final reuses its last partial's tokens).
+With `--partials-every-s S` (a minute more at 0.6), partials every S s over each clip on the float graphs,
+each decoded plainly and drafted with the previous drafted partial's tokens: time, and tokens the same.
 Progress goes to stderr; the LAST line on stdout is one JSON object with the figures.
 """
 
@@ -94,6 +96,25 @@ def model_figures(
     }  # fmt: skip
 
 
+def drafted_partials(model: MoonshineModel, clips: list[RealClip], every_s: float) -> dict[str, object]:
+    """Partials every `every_s` over each clip, each decoded plainly and with the last drafted partial's
+    tokens as draft (as the recogniser runs them): both passes' time, and how many gave the same tokens."""
+    plain_s = drafted_s = 0.0
+    same = total = 0
+    for clip in clips:
+        audio, step = to_float(clip.audio), int(every_s * 16000)
+        draft: list[int] = []
+        for end in range(step, audio.size + step, step):
+            start = time.perf_counter()
+            plain = model.heard_tokens(audio[:end])
+            middle = time.perf_counter()
+            draft = model.heard_tokens(audio[:end], draft)
+            plain_s, drafted_s = plain_s + middle - start, drafted_s + time.perf_counter() - middle
+            same, total = same + (plain == draft), total + 1
+    return {"every_s": every_s, "partials": total, "same_tokens": same,
+            "plain_s": round(plain_s, 2), "drafted_s": round(drafted_s, 2)}  # fmt: skip
+
+
 def moonshine_pass(model: MoonshineModel) -> Transcribe:
     return lambda clip: model.transcribe(to_float(clip.audio))
 
@@ -151,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--partials-every-s", type=float, default=0.0, help="also time drafted partials")
     args = parser.parse_args()
     directory = prepare_speech_model(MODEL_NAME)
     loaded: dict[str, MoonshineModel] = {}
@@ -176,6 +198,9 @@ def main() -> None:
     for name, model_runs in runs.items():
         figures.setdefault(name, {}).update(summary(model_runs, clips))
     figures["moonshine-float+draft"] = drafted_runs(loaded["moonshine-float"], clips, runs["moonshine-float"])
+    if args.partials_every_s > 0:
+        partials = drafted_partials(loaded["moonshine-float"], clips, args.partials_every_s)
+        figures["moonshine-float partials"] = partials
     pairs = zip(runs["moonshine-ort"], runs["moonshine-float"], strict=True)
     same = sum(a.text == b.text for a, b in pairs)
     result = {"machine": cpu_facts(), "figures": figures, "same_transcripts": f"{same}/{len(clips)}"}

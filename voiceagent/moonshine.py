@@ -17,9 +17,10 @@ stable text. Repetition loops are undone as for Whisper (voiceagent/asr_text.py)
 The shipped `.ort` graphs dequantise their int8 weights on every run (onnxruntime does not constant-fold an
 `.ort` model): 63-70 ms a decoder step on a 2-core AVX2 EPYC. `load_moonshine` runs them rebuilt once as
 float ONNX graphs instead (voiceagent/moonshine_graph.py: the same weights bit for bit, the same outputs
-with the same kernels): 11-14 ms a step, and the same transcripts on the 13 real clips
-(bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the reference:
-`MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
+with the same kernels): 11-13 ms a step (quiet; 17-23 under load, against 77-117), a whole pass 3.2-3.6x
+faster, and with a draft a final pass over the 13 real clips costs 0.7-0.95x Whisper tiny.en's; the same
+transcripts on all 13 (bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the
+reference: `MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
 """
 
 from __future__ import annotations
