@@ -176,8 +176,8 @@ def dequantized(chain: DequantizeChain, initializers: dict[str, Proto]) -> np.nd
 
 
 def fold_dequantize_chains(graph: Proto) -> int:
-    """Replaces each chain by a float initializer of its output's name; drops the nodes and the
-    initializers nothing reads any more. Returns the number of chains folded."""
+    """Replaces each chain by a float initializer of its output's name; drops the chain's nodes, and its
+    initializers where nothing else reads them. Returns the number of chains folded."""
     chains = dequantize_chains(graph)
     initializers = {t.name: t for t in graph.initializer}
     folded = [float_tensor(c.add.output[0], dequantized(c, initializers)) for c in chains]
@@ -185,8 +185,8 @@ def fold_dequantize_chains(graph: Proto) -> int:
     kept_nodes = [node for node in graph.node if id(node) not in chain_nodes]
     del graph.node[:]
     graph.node.extend(kept_nodes)
-    read = names_read(graph)
-    kept = [t for t in graph.initializer if t.name in read]
+    unread = {name for c in chains for name in c.initializer_names} - names_read(graph)
+    kept = [t for t in graph.initializer if t.name not in unread]
     del graph.initializer[:]
     graph.initializer.extend([*kept, *folded])
     return len(chains)
@@ -263,8 +263,9 @@ def build_float_graphs(directory: Path) -> None:
         manifest = {"format_version": FORMAT_VERSION, "onnxruntime": onnxruntime.__version__,
                     "sources": sources, "folded_weights": folded, "files": files}  # fmt: skip
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(partial, out)
+        if manifest_of(directory) is None:  # else another process finished first: keep its files
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
