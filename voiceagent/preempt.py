@@ -7,6 +7,10 @@ very partial when nothing was said since) either matches and the reply is adopte
 ready already, or differs and the reply is cancelled. If the user speaks on, it is cancelled at once.
 Committed blocks are what the model would write for that history anyway, so adopting them is exact.
 
+The reply's first phrase is spoken ahead too (`SpeakAhead`): once its blocks make a phrase, TTS renders it
+in the background, so a reply adopted after a long endpoint wait starts its audio at once instead of after
+the phrase's synthesis. A cancelled reply cancels its rendering.
+
 A cancelled reply is not wasted where the LLM takes proposals (`ProposingLLM`, the in-process engine): the
 ids it committed are the likely start of the reply to the changed words ("?" for "."), so the next reply
 is given them to verify as one long draft (`proposal_ids`): whatever the target confirms costs one forward
@@ -17,9 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from voiceagent.llm import LLM, Message, PrefillingLLM, ProposingLLM, ReplyBlock, ReplyOptions
+from voiceagent.stages import ChunkerLike
 from voiceagent.trace import (
     LLM_PREEMPTIVE_CANCEL,
     LLM_PREEMPTIVE_START,
@@ -38,23 +47,56 @@ def reply_stream(
     return llm.stream(messages, options)
 
 
+@dataclass(frozen=True)
+class SpeakAhead:
+    """How a preemptive reply renders its first phrase before it is adopted: the session's chunker (the
+    replier's own, so the phrase is the one the reply will speak) and its TTS at the output rate."""
+
+    new_chunker: Callable[[], ChunkerLike]
+    render: Callable[[str], Coroutine[Any, Any, list[np.ndarray]]]  # phrase -> its audio chunks
+
+
+@dataclass(frozen=True)
+class SpokenAhead:
+    """A preemptive reply's first phrase and its audio in the making."""
+
+    phrase: str
+    audio: asyncio.Task[list[np.ndarray]]
+
+
 class PreemptiveReply:
     """The LLM's reply to `messages`, streamed in a task of its own into a buffer until adopted."""
 
     def __init__(
-        self, llm: LLM, messages: Sequence[Message], options: ReplyOptions, proposal: Sequence[int] = ()
+        self,
+        llm: LLM,
+        messages: Sequence[Message],
+        options: ReplyOptions,
+        proposal: Sequence[int] = (),
+        speak_ahead: SpeakAhead | None = None,
     ) -> None:
         self.messages = [dict(message) for message in messages]
         self._given = [int(i) for i in proposal]
         self._own_ids: list[int] = []
         self._arrived: asyncio.Queue[ReplyBlock | Exception | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._run(llm, options, proposal))
+        self.spoken_ahead: SpokenAhead | None = None
+        self._ahead_done = False  # the first phrase is being rendered, or the reply was adopted without it
+        self._task = asyncio.create_task(self._run(llm, options, proposal, speak_ahead))
 
-    async def _run(self, llm: LLM, options: ReplyOptions, proposal: Sequence[int]) -> None:
+    async def _run(
+        self, llm: LLM, options: ReplyOptions, proposal: Sequence[int], speak_ahead: SpeakAhead | None
+    ) -> None:
+        chunker = speak_ahead.new_chunker() if speak_ahead is not None else None
         try:
             async for block in reply_stream(llm, self.messages, options, proposal):
                 self._own_ids.extend(block.token_ids)
                 self._arrived.put_nowait(block)
+                if chunker is not None and speak_ahead is not None and not self._ahead_done:
+                    phrases = chunker.push(block.text)
+                    phrases = phrases or (chunker.flush() if block.finish_reason is not None else [])
+                    if phrases:
+                        audio = asyncio.create_task(speak_ahead.render(phrases[0]))
+                        self.spoken_ahead, self._ahead_done = SpokenAhead(phrases[0], audio), True
         except Exception as error:  # handed to whoever adopts the reply
             self._arrived.put_nowait(error)
         finally:
@@ -69,6 +111,12 @@ class PreemptiveReply:
             return list(self._given)
         return list(own)
 
+    def take_spoken_ahead(self) -> SpokenAhead | None:
+        """At adoption: the first phrase's audio in the making, if any; none is started after this (the
+        replier speaks the phrase itself)."""
+        self._ahead_done = True
+        return self.spoken_ahead
+
     def matches(self, messages: Sequence[Message]) -> bool:
         """True if this reply answers exactly `messages` (the history with the final transcript)."""
         return self.messages == [dict(message) for message in messages]
@@ -81,12 +129,15 @@ class PreemptiveReply:
             yield item
 
     def cancel(self) -> None:
-        """Stops the generation (the engine stops at its next block; a remote stream is closed)."""
+        """Stops the generation (the engine stops at its next block; a remote stream is closed) and the
+        rendering of its first phrase."""
         self._task.cancel()
+        if self.spoken_ahead is not None:
+            self.spoken_ahead.audio.cancel()
 
     async def stopped(self) -> None:
         """Cancels it and returns once its stream is closed (the engine told to stop)."""
-        self._task.cancel()
+        self.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
@@ -95,9 +146,16 @@ class Preemption:
     """A session's head starts: its stable words fed to the LLM while the user speaks (`prefill`), and one
     preemptive reply at a time, started on a partial, dropped, or taken at the final."""
 
-    def __init__(self, llm: LLM, options: ReplyOptions, trace: Trace, prefill_while_speaking: bool) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        options: ReplyOptions,
+        trace: Trace,
+        prefill_while_speaking: bool,
+        speak_ahead: SpeakAhead | None = None,
+    ) -> None:
         self.llm, self.options, self.trace = llm, options, trace
-        self.prefill_while_speaking = prefill_while_speaking
+        self.prefill_while_speaking, self.speak_ahead = prefill_while_speaking, speak_ahead
         self.reply: PreemptiveReply | None = None
         self._carried: list[int] = []  # the ids of a reply stopped by stop_other, for the next one
         self.prefilling: asyncio.Task[bool] | None = None
@@ -134,7 +192,7 @@ class Preemption:
         proposal = self.reply.proposal_ids if self.reply is not None else self._carried
         self._carried = []
         self.drop(turn, "the words changed")
-        self.reply = PreemptiveReply(self.llm, messages, self.options, proposal)
+        self.reply = PreemptiveReply(self.llm, messages, self.options, proposal, self.speak_ahead)
         self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
 
     def stream(

@@ -4,7 +4,8 @@
 or adopted from a preemptive reply: the session chooses): each block becomes a `ReplyText`, the chunker
 turns blocks into phrases, and TTS speaks each phrase as soon as it exists, in a task of its own, so the
 LLM keeps writing while TTS speaks. TTS runs in a worker thread of its own pool; a cancelled reply closes
-its synthesis as soon as the thread lets go.
+its synthesis as soon as the thread lets go. An adopted preemptive reply may bring its first phrase's audio
+made ahead (`SpokenAhead`, voiceagent/preempt.py, rendered by `render`): it is sent at once.
 
 The replier also keeps the spoken-words map: for each turn, which phrases were synthesised and how much of
 their audio the transport has played, so a barge-in cuts the history to the words the user heard.
@@ -23,6 +24,7 @@ import numpy as np
 from voiceagent.clock import Clock
 from voiceagent.events import Event, ReplyText, SpeechAudio, TurnEnded
 from voiceagent.llm import ReplyBlock
+from voiceagent.preempt import SpokenAhead
 from voiceagent.spoken import SpokenReply
 from voiceagent.stages import ChunkerLike, EndpointerLike
 from voiceagent.trace import CHUNK_PHRASE, LLM_BLOCK, LLM_FIRST_BLOCK, TTS_FIRST_AUDIO, TURN_END, Trace
@@ -43,6 +45,19 @@ async def _next_in_thread(chunks: Iterator[np.ndarray]) -> np.ndarray | None:
     except asyncio.CancelledError:
         job.add_done_callback(lambda _: chunks.close() if isinstance(chunks, Generator) else None)
         raise
+
+
+async def _made_ahead(ahead: SpokenAhead | None, phrase: str) -> list[np.ndarray] | None:
+    """The audio made ahead if it is of `phrase` and did not fail; else None (and its making stopped)."""
+    if ahead is None:
+        return None
+    if ahead.phrase != phrase or ahead.audio.cancelled():
+        ahead.audio.cancel()
+        return None
+    try:
+        return await asyncio.shield(ahead.audio)
+    except Exception:  # noqa: BLE001 - synthesised again, now, and a failure then is the turn's
+        return None
 
 
 class ReplyFailed(Exception):
@@ -76,14 +91,21 @@ class Replier:
         self.answered = 0  # the turn whose whole reply is the history's last message
 
     async def respond(
-        self, turn: int, user_text: str, blocks: AsyncIterator[ReplyBlock], *, preemptive: bool = False
+        self,
+        turn: int,
+        user_text: str,
+        blocks: AsyncIterator[ReplyBlock],
+        *,
+        preemptive: bool = False,
+        ahead: SpokenAhead | None = None,
     ) -> None:
         """Answers `user_text` with `blocks` (the LLM's reply to the history plus `user_text`; `preemptive`
-        when it was started before the end of speech): speaks it and ends the turn with `TurnEnded`.
+        when it was started before the end of speech, `ahead` its first phrase's audio in the making):
+        speaks it and ends the turn with `TurnEnded`.
         Raises ReplyFailed when the LLM or TTS fails or the reply runs over max_turn_s."""
         self.history.append({"role": "user", "content": user_text})
         phrases: asyncio.Queue[str | None] = asyncio.Queue()
-        speaker = asyncio.create_task(self._speak(turn, phrases))
+        speaker = asyncio.create_task(self._speak(turn, phrases, ahead))
         reply, stage = "", "llm"
         limit = asyncio.timeout(self.options.max_turn_s)
         try:
@@ -124,18 +146,35 @@ class Replier:
         counts = {"n_tokens": block.n_tokens, "n_drafted": drafted, "n_accepted": accepted}
         self.trace.write(LLM_BLOCK, turn, text=block.text, **counts)
 
-    async def _speak(self, turn: int, phrases: asyncio.Queue[str | None]) -> None:
+    async def _speak(self, turn: int, phrases: asyncio.Queue[str | None], ahead: SpokenAhead | None) -> None:
         rate = self.options.output_rate
         spoken = self.spoken.setdefault(turn, SpokenReply())
         while (phrase := await phrases.get()) is not None:
             self.trace.write(CHUNK_PHRASE, turn, words=len(phrase.split()))
-            chunks = synthesize_at(self.synthesizer, phrase, rate)  # one resampler across the phrase
-            while (samples := await _next_in_thread(chunks)) is not None:
+            made = await _made_ahead(ahead, phrase)
+            ahead = None  # only a reply's first phrase is made ahead
+            async for samples in self._audio(phrase, made):
                 if not spoken.phrases:
-                    self.trace.write(TTS_FIRST_AUDIO, turn, phrase=phrase)
+                    self.trace.write(TTS_FIRST_AUDIO, turn, phrase=phrase, ahead=made is not None)
                     self.endpointer.set_guard(self.options.echo_guard)
                 spoken.add_audio(phrase, len(samples))
                 self.emit(SpeechAudio(self.clock.now_ns(), turn, samples, rate, phrase))
+
+    async def _audio(self, phrase: str, made: list[np.ndarray] | None) -> AsyncIterator[np.ndarray]:
+        """The phrase's audio at the output rate: made ahead, else synthesised chunk by chunk now."""
+        if made is not None:
+            for chunk in made:
+                yield chunk
+            return
+        chunks = synthesize_at(self.synthesizer, phrase, self.options.output_rate)  # one resampler
+        while (samples := await _next_in_thread(chunks)) is not None:
+            yield samples
+
+    async def render(self, phrase: str) -> list[np.ndarray]:
+        """The whole audio of `phrase` at the output rate, synthesised in a TTS worker thread."""
+        rate = self.options.output_rate
+        job = _TTS_POOL.submit(lambda: list(synthesize_at(self.synthesizer, phrase, rate)))
+        return await asyncio.wrap_future(job)
 
     def playing(self, turn: int) -> bool:
         """Audio of the turn's reply was made and the transport has not yet played all of it."""

@@ -5,11 +5,11 @@ agent's speech among them as `SpeechAudio` at the session's output rate. The tra
 and reports back (`audio_sent`, `audio_played`), which is how the trace knows when the first audio went
 out and how a barge-in knows what the user heard.
 
-- While the user speaks, partial transcripts are decoded every `partial_every_ms`. Once the user pauses
-  (`pause_ms` of silence) one more partial hears the whole utterance, and the reply starts on it
-  preemptively (voiceagent/preempt.py) while the endpointer waits out its end-of-speech silence. At
-  speech_end the final transcript reuses that partial; the reply is kept if it answers the same words, else
-  restarted with the cancelled reply's ids proposed to it. CPU-heavy calls (ASR, TTS) run in worker threads.
+- Partial transcripts are decoded while the user speaks and once at their pause (voiceagent/partials.py);
+  the reply starts on the pause's (voiceagent/preempt.py), its first phrase rendered too, while the
+  endpointer waits out its end-of-speech silence. At speech_end the final transcript reuses that partial;
+  the reply is kept if it answers the same words, else restarted with the cancelled reply's ids proposed.
+  CPU-heavy calls (ASR, TTS) run in worker threads.
 - The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
   phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks holds the reply (voiceagent/barge_in.py); real
@@ -45,7 +45,8 @@ from voiceagent.events import (
     TurnError,
 )
 from voiceagent.llm import LLM, ReplyBlock
-from voiceagent.preempt import Preemption, PreemptiveReply
+from voiceagent.partials import PartialSchedule
+from voiceagent.preempt import Preemption, PreemptiveReply, SpeakAhead
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
@@ -98,12 +99,14 @@ class Session:
         self._utterance_start_ns = 0
         self._cut_turn = 0  # an utterance cut off at max_turn_s: its speech_end is not answered
         self._decoding: asyncio.Task[None] | None = None
-        self._last_partial_ns = 0
+        self.partials = PartialSchedule(self.options.partial_every_ms, self.options.pause_ms)
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
-        self._paused = False  # the user is silent and the pause partial was started
         self.endpointing = ScoredEndpointing(llm, endpointer, self.options.turn_taking, clock, trace)
-        self.preemption = Preemption(llm, self.options.reply, trace, self.options.prefill_while_speaking)
+        ahead = SpeakAhead(new_chunker, self.replier.render) if self.options.speak_ahead else None
+        self.preemption = Preemption(
+            llm, self.options.reply, trace, self.options.prefill_while_speaking, ahead
+        )
         self.barge_ins = BargeIns(
             clock=clock,
             trace=trace,
@@ -149,22 +152,13 @@ class Session:
             self._schedule_partial(t)
 
     def _schedule_partial(self, t: int) -> None:
-        """Partials every partial_every_ms while the user speaks; one when they pause, then none."""
+        """The partial due now (voiceagent/partials.py), in a task of its own."""
         silence_ms = self.endpointer.silence_ms()
-        paused = silence_ms >= self.options.pause_ms
         if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
-            self._paused = False
             self._drop_preemption("speech resumed")
-        if paused:
-            if not self._paused and self._decoding is None:
-                self._paused = True
-                self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=True))
-            return
-        if silence_ms > 0.0:  # a partial started now would not hear the end, and would delay the pause's
-            return
-        if t - self._last_partial_ns >= self.options.partial_every_ms * 1_000_000 and self._decoding is None:
-            self._last_partial_ns = t
-            self._decoding = asyncio.create_task(self._partial(self.turn, t))
+        kind = self.partials.due(t, silence_ms, busy=self._decoding is not None)
+        if kind is not None:
+            self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
 
     async def push_text(self, text: str) -> None:
         """A typed user message: answered like a final transcript (interrupting any reply)."""
@@ -258,9 +252,8 @@ class Session:
         self.turn += 1
         self._utterance_open = True
         self._utterance_start_ns = edge.t_ns
-        self._paused = False
         self.preemption.prefilled = 0
-        self._last_partial_ns = edge.confirmed_ns
+        self.partials.start_utterance(edge.confirmed_ns)
         self.recognizer.start()
         self.endpointing.start_utterance()
         self._update_idle()
@@ -327,7 +320,7 @@ class Session:
         """A partial that returns while the user is silent and heard every word said may hold them all:
         the reply starts on it (the pause partial then confirms it or starts it again); else the stable
         words are fed."""
-        silent = (pause and self._paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+        silent = (pause and self.partials.paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
         if silent and heard_all and self.options.preemptive_reply and text:
             self.preemption.start(turn, self._with_user(text), text)
         elif not pause:
@@ -374,7 +367,8 @@ class Session:
             else self.preemption.stream(turn, self._with_user(user_text), proposal)
         )
         try:
-            await self.replier.respond(turn, user_text, blocks, preemptive=preempt is not None)
+            ahead = preempt.take_spoken_ahead() if preempt is not None else None
+            await self.replier.respond(turn, user_text, blocks, preemptive=preempt is not None, ahead=ahead)
         except ReplyFailed as failure:
             self._fail(turn, failure.stage, failure.error, failure.code)
         finally:

@@ -23,6 +23,7 @@ class SessionOptions:
     echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
     pause_ms: int = 100  # silence after which one partial hears the whole utterance (< the end silence)
     preemptive_reply: bool = True  # start the reply on that partial, before speech_end
+    speak_ahead: bool = True  # and render that reply's first phrase before it is adopted
     prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come
     reply: ReplyOptions = field(default_factory=lambda: ReplyOptions(max_tokens=120))
     max_turn_s: float | None = None  # longest utterance, and longest reply in the making (None: no limit)

@@ -230,6 +230,11 @@ def test_bad_frames_are_refused_and_the_session_goes_on() -> None:
     assert run(scenario).of(TurnEnded)
 
 
+def sent_phrases(h: Harness) -> list[str]:
+    """The phrases whose audio went out, in order (FakeSynthesizer: one chunk per word)."""
+    return [e.phrase for e in h.of(SpeechAudio)]
+
+
 def _events(h: Harness) -> list[str]:
     return [r["event"] for r in h.trace.records]
 
@@ -263,7 +268,7 @@ def test_speaking_on_after_a_pause_drops_the_preemptive_reply() -> None:
     cancelled = [r for r in h.trace.records if r["event"] == "llm.preemptive_cancel"]
     assert [r["reason"] for r in cancelled] == ["speech resumed"]
     assert len(h.of(TurnEnded)) == 1 and len(h.of(TranscriptFinal)) == 1
-    assert h.synthesizer.spoken == ["Hi,", "nice", "to", "meet", "you."]  # one reply, spoken once
+    assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]  # one reply, spoken once
 
 
 def test_a_final_transcript_that_differs_restarts_the_reply() -> None:
@@ -344,3 +349,48 @@ def test_a_cancelled_close_still_closes_and_passes_the_cancellation_on() -> None
             await closing
 
     run(scenario, llm=SlowToStop(), options=SessionOptions(preemptive_reply=False))  # the reply owns it
+
+
+def test_a_kept_reply_s_first_phrase_is_rendered_before_the_end_of_speech() -> None:
+    """A long endpoint wait: the preemptive reply makes its first phrase and TTS renders it meanwhile; at
+    speech_end that audio goes out at once, the same samples a synthesis then would have made."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 6)  # the pause: the reply starts on "hello there"
+        await h.settle(lambda: "tts.first_audio" in _events(h) or bool(h.synthesizer.spoken))
+        await h.frames(QUIET, 12)  # the endpointer's wait ends
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario)
+    events = _events(h)
+    assert h.synthesizer.spoken[0] == "Hi," and events.index("llm.preemptive_start") < events.index(
+        "vad.speech_end"
+    )
+    first = _record(h, "tts.first_audio")
+    assert first["ahead"] is True and first["phrase"] == "Hi,"
+    assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]
+    assert h.synthesizer.spoken == ["Hi,", "nice", "to", "meet", "you."]  # each phrase rendered once
+    expected = FakeSynthesizer().synthesize("Hi,")
+    assert np.array_equal(h.of(SpeechAudio)[0].samples, next(expected))
+    # the audio went out with the first block, not a synthesis later
+    audio_t = h.of(SpeechAudio)[0].t_ns
+    assert audio_t == next(e.t_ns for e in h.of(ReplyText))
+
+
+def test_a_dropped_reply_s_rendering_is_never_sent() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=FakeRecognizer("what is the weather like"))
+    assert _record(h, "llm.preemptive_cancel")["reason"] == "the final transcript differs"
+    assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]  # the new reply's, once
+    assert _record(h, "tts.first_audio")["ahead"] is False
+
+
+def test_speaking_ahead_can_be_turned_off() -> None:
+    h = run(one_turn, options=SessionOptions(speak_ahead=False))
+    assert _record(h, "tts.first_audio")["ahead"] is False
+    assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]
