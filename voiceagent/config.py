@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     # tiny.en: on real recorded speech Whisper base makes 38% fewer word errors at 16 kHz (23% on the phone
     # band), but on 2 busy cores its passes held the final back and took the CPU from the LLM: voice to
     # voice went from 5.3 s to 7.3 s p50 side by side (bench/results/2026-12-01-cpu-asr-real.md).
-    # "base" where the CPU allows; "moonshine-base" (seconds per pass here); or a CTranslate2 directory.
+    # "base" where the CPU allows; "moonshine-base" (voiceagent/moonshine.py); or a CTranslate2 directory.
     asr_model: str = "tiny.en"
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB

@@ -229,8 +229,13 @@ def prepare_speech_model(name: str, *, install_missing: bool = False, log: Log =
 
 
 def prepare_speech_models(install_missing: bool = False, log: Log = log_to_stderr) -> list[Path]:
-    """Prepares every bundled speech model (`voiceagent models prepare`, `make setup`). Idempotent."""
-    return [prepare_speech_model(name, install_missing=install_missing, log=log) for name in SPEECH_MODELS]
+    """Prepares every bundled speech model (`voiceagent models prepare`, `make setup`), Moonshine's float
+    graphs included (voiceagent/moonshine_graph.py). Idempotent."""
+    from voiceagent.moonshine_graph import float_graphs
+
+    ready = [prepare_speech_model(name, install_missing=install_missing, log=log) for name in SPEECH_MODELS]
+    float_graphs(model_dir("moonshine-base-en"))
+    return ready
 
 
 @dataclass(frozen=True)
