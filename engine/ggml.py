@@ -91,7 +91,10 @@ class GgmlModel:
         if not Path(path).is_file():
             raise ValueError(f"no GGUF file at {path}")
         params = lib.llama_model_default_params()
-        params.use_mmap = True  # the weights stay in the page cache, shared by every context
+        # The weights stay in the page cache, shared by every context (llama-cpp-python 0.3.36 names this
+        # load_mode: its params have no use_mmap, so setting that attribute did nothing). The Q4_K tensors
+        # are copied once more, repacked for llama.cpp's multi-row AVX2/AVX-512 kernels (CPU_REPACK).
+        params.load_mode = lib.LLAMA_LOAD_MODE_MMAP
         self._lib = lib
         self._model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
