@@ -79,11 +79,12 @@ class Settings(BaseSettings):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     device: str = "cpu"
     max_seq_len: int = Field(4096, ge=2)
-    # tiny.en: on real recorded speech Whisper base makes 38% fewer word errors at 16 kHz (23% on the phone
-    # band), but on 2 busy cores its passes held the final back and took the CPU from the LLM: voice to
-    # voice went from 5.3 s to 7.3 s p50 side by side (bench/results/2026-12-01-cpu-asr-real.md).
-    # "base" where the CPU allows; "moonshine-base" (voiceagent/moonshine.py); or a CTranslate2 directory.
-    asr_model: str = "tiny.en"
+    # moonshine-base (voiceagent/moonshine.py, on its float graphs): on real recorded speech WER 0.052 at
+    # 16 kHz and 0.045 on the phone band against tiny.en's 0.134 / 0.119 and base's 0.067 / 0.075, with the
+    # quickest final and the least CPU; voice to voice side by side 1754 ms p50 against tiny.en's 1965 (AMD
+    # EPYC, AVX2, bench/results/2026-12-01-cpu-asr-moonshine.md). "tiny.en" or "base" for faster-whisper (the
+    # reference implementation), or a CTranslate2 Whisper directory.
+    asr_model: str = "moonshine-base"
     tts: Literal["piper", "espeak"] = "piper"  # piper falls back to espeak-ng without the GPL extra
     # Each voice session's own KV cache length (the oldest turns are dropped to fit): 1024 ids cost ~42 MB
     # for the bundled Qwen pair, so sessions are cheap; the engine's max_seq_len is the ceiling.
