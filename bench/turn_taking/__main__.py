@@ -2,14 +2,15 @@
 
     .venv/bin/python -m bench.turn_taking [--out bench/results/DATE-cpu-turn-taking.md] [--skip-pipecat]
 
-Clips (bench/turn_taking/clips.py): complete questions, sentences with 0.5-1.0 s pauses mid-sentence,
-lists, hesitations and backchannels, each sentence in Piper's and espeak-ng's voice, rendered once into
+Clips (bench/turn_taking/clips.py): complete questions, sentences with 0.5-1.0 s pauses mid-sentence, lists,
+hesitations and backchannels, each sentence in Piper's and espeak-ng's voice, rendered once into
 $VOICEAGENT_CACHE/turn-taking. Ours (bench/turn_taking/ours.py): every clip streamed once through the real
-Endpointer, StreamingRecognizer and LocalLLM score on the bundled models, then the first turn end replayed
-under the 320 ms silence rule (today), under the score policy with options tuned on the tuning clips
-(reported on the others), and under that policy as if partials and scores took no time (what the policy
-decides, apart from this machine's speed). Pipecat (bench/turn_taking/pipecat_turns.py): Pipecat 1.14's
-Silero VAD + Smart Turn v3.2, in its own virtualenv (made on first use), on the same clips in the same run.
+Endpointer, the session's recogniser (VOICEAGENT_ASR_MODEL) and LocalLLM score on the bundled models, then the
+first turn end replayed under the 320 ms silence rule (today), under the score policy with options tuned on
+the tuning clips (reported on the others), and under that policy as if partials and scores took no time (what
+the policy decides, apart from this machine's speed). Pipecat (bench/turn_taking/pipecat_turns.py): Pipecat
+1.14's Silero VAD + Smart Turn v3.2, in its own virtualenv (made on first use), on the same clips in the same
+run.
 
 Figures per class: endpoint wait from the end of speech (p50/p95), cut-off rate (the turn ended before the
 speech did), false interruptions (a backchannel over the agent's reply that would cut it: for today and for
@@ -73,7 +74,6 @@ def log(message: str) -> None:
 
 
 async def record_all(clips: list[Clip]) -> list[Recording]:
-    from voiceagent.asr import StreamingRecognizer, load_whisper
     from voiceagent.config import Settings
     from voiceagent.llm import LocalLLM, load_local_engine
     from voiceagent.session import SessionOptions
@@ -82,10 +82,14 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
 
     template = LocalLLM(load_local_engine(Settings()))
     await template.prefill([{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}])
-    whisper, recordings = load_whisper(), []
+    from voiceagent.recognizers import load_asr_model, new_recognizer
+
+    asr_model = Settings().asr_model  # the session's recogniser (VOICEAGENT_ASR_MODEL)
+    load_asr_model(asr_model)
+    recordings: list[Recording] = []
     for n, clip in enumerate(clips, start=1):
         llm = template.fork()  # as each session forks the pipeline's warmed template
-        recordings.append(await record(clip, StreamingRecognizer(whisper), llm, system_prompt))
+        recordings.append(await record(clip, new_recognizer(asr_model), llm, system_prompt))
         log(f"ours: {n}/{len(clips)} {clip.name}")
     return recordings
 

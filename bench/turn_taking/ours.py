@@ -1,8 +1,8 @@
 """Our turn-taking on a clip: the real components, in the order and at the pace the session runs them.
 
-`record` streams a clip frame by frame through `Endpointer` (Silero VAD), `StreamingRecognizer` (Whisper
-tiny.en) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a partial every 300 ms while
-the user speaks (none once they are silent) and one at 100 ms of silence, each partial's whole guess
+`record` streams a clip frame by frame through `Endpointer` (Silero VAD), the session's recogniser
+(VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a partial every 300
+ms while the user speaks (none once they are silent) and one at 100 ms of silence, each partial's whole guess
 (`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.turn_taking.clips import Clip
-from voiceagent.asr import StreamingRecognizer
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
+from voiceagent.stages import RecognizerLike
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
@@ -83,7 +83,7 @@ class _ReplayVad:
         return next(self._next), state
 
 
-async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, system_prompt: str) -> Recording:
+async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_prompt: str) -> Recording:
     """The clip through the real components (see the module docstring)."""
     rec = Recording(clip)
     endpointer = Endpointer(
@@ -121,7 +121,7 @@ async def record(clip: Clip, recognizer: StreamingRecognizer, llm: LocalLLM, sys
 
 
 async def _partial(
-    recognizer: StreamingRecognizer,
+    recognizer: RecognizerLike,
     llm: LocalLLM,
     system_prompt: str,
     heard_until_ns: int,
