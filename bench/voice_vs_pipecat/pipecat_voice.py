@@ -246,7 +246,9 @@ async def run_clip(path: str, transport: ClipTransport, observer: TimingObserver
         watcher.cancel()
     if "voice_to_voice" not in marks.times:
         marks.errors.append(f"no bot audio within {NO_REPLY_S:.0f} s of the clip's end")
-    if "turn_end" in marks.times and not marks.reply_over.is_set():  # the next clip must not hear it
+    if "turn_end" in marks.times and not marks.transcript:
+        marks.errors.append("the turn ended without a transcript: Pipecat leaves it unanswered")
+    if "first_text" in marks.times and not marks.reply_over.is_set():  # the next clip must not hear it
         marks.errors.append(f"the reply was still being written {LONGEST_S:.0f} s after the clip: cut")
         await transport.input().broadcast_interruption()
         await asyncio.sleep(QUIET_S)
