@@ -36,6 +36,7 @@ from bench.voice_vs_pipecat.llama_server import LlamaServer, llama_server
 from bench.voice_vs_pipecat.ours import OurSide
 from bench.voice_vs_pipecat.pipecat_side import PipecatConfig, PipecatWorker, pipecat_run
 from bench.voice_vs_pipecat.timeline import SYSTEMS, ClipRun, SystemRun, speech_end_s
+from voiceagent.config import Settings
 
 Log = Callable[[str], None]
 WARM_UP = "Hello, can you hear me?"
@@ -62,9 +63,9 @@ NOTES = [
     "- The LLM: ours runs the bundled target GGUF with its 0.5B draft (speculative, llama.cpp kernels in "
     "process), starting preemptively on the pause partial; Pipecat's runs the same target GGUF alone on "
     "llama-cpp-python's server (2 threads, greedy, max 120 tokens, the same system prompt), after the turn.",
-    "- Whisper: both tiny.en from our directory, int8, one thread per core (OMP_NUM_THREADS for Pipecat's "
-    "CTranslate2); Pipecat's service transcribes with faster-whisper's defaults (beam 5) on the VAD "
-    "segment plus 0.5 s of silence, ours streams greedy partials.",
+    "- Speech recognition: Pipecat's Whisper service runs tiny.en from our directory, int8, one thread per "
+    "core (OMP_NUM_THREADS for its CTranslate2), with faster-whisper's defaults (beam 5) on the VAD segment "
+    "plus 0.5 s of silence; ours streams greedy partials with its default recogniser (`asr` above).",
     "- Piper: the same voice and piper-tts version; Pipecat's service opens the voice with onnxruntime's "
     "default threads (one per core), ours with one; Pipecat speaks per sentence (its default aggregator).",
     "- RTVI is off in Pipecat (no client); its metrics are off, as by default.",
@@ -131,13 +132,11 @@ def _row(clip: ClipRun) -> str:
     return f"{clip.index:2d} {clip.voice:18} " + "  ".join(cells) + f"  {said!r}"
 
 
-async def compare(questions: Sequence[str], log: Log) -> list[ClipRun]:
+async def compare(questions: Sequence[str], settings: Settings, log: Log) -> list[ClipRun]:
     from engine.models import resolve_gguf
     from voiceagent.bench import VOICES
-    from voiceagent.config import Settings
     from voiceagent.tts import load_synthesizer
 
-    settings = Settings()
     python = pipecat_python(log)
     gguf = resolve_gguf(settings.target)
     clips: list[ClipRun] = []
@@ -175,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or Path(f"bench/results/{today}-cpu-voice-vs-pipecat.md")
     load_before = report.uptime()
     log(f"{len(questions)} questions, both systems, interleaved; load: {load_before}")
-    clips = asyncio.run(compare(questions, log))
+    settings = Settings()
+    clips = asyncio.run(compare(questions, settings, log))
     meta = {
         "date": today,
         "command": shlex.join([".venv/bin/python", "-m", "bench.voice_vs_pipecat", *(argv or sys.argv[1:])]),
@@ -184,6 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_after": report.uptime(),
         "order": "interleaved per clip, the first system alternating (ours first on even clips)",
         "pipecat_requirements": list(REQUIREMENTS),
+        "ours_models": {
+            "target": settings.target,
+            "draft": settings.draft,
+            "backend": settings.backend,
+            "gamma": settings.gamma,
+            "asr": settings.asr_model,
+            "tts": settings.tts,
+        },
     }
     summary = report.summarize(clips, meta)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,10 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
+def _models(models: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in models.items()) if models else "—"
+
+
 def stage_table(summary: dict[str, Any]) -> list[str]:
     rows = [
         "| stage (ms after speech end) | ours p50 | ours p95 | Pipecat p50 | Pipecat p95 |",
@@ -100,6 +104,9 @@ def markdown(summary: dict[str, Any], notes: Sequence[str]) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, torch CPU "
         f"capability {m['torch_cpu_capability']}. Load before: `{summary['load_before']}`; after: "
         f"`{summary['load_after']}`.",
+        "",
+        f"Ours: {_models(summary.get('ours_models'))}. Pipecat: "
+        f"`{' '.join(summary.get('pipecat_requirements', []))}`.",
         "",
         f"{summary['clips']} clips ({summary['order']}). Voice to voice p50 / p95: ours "
         f"{_ms(v2v['ours']['p50'])} / {_ms(v2v['ours']['p95'])} ms, Pipecat {_ms(v2v['pipecat']['p50'])} / "

@@ -152,6 +152,8 @@ def test_the_page_and_the_json_line_hold_both_systems_and_the_ratio() -> None:
         "load_before": "load average: 1.0",
         "load_after": "load average: 2.0",
         "order": "interleaved",
+        "ours_models": {"target": "qwen2.5-coder-1.5b-instruct", "asr": "tiny.en"},
+        "pipecat_requirements": ["pipecat-ai[silero,whisper,piper,openai]==1.14.0"],
     }
     summary = summarize(two_clips(), meta)
     assert summary["ratio_ours_over_pipecat"] == {"p50": 0.625, "p95": 0.738, "paired_median": 0.5}
@@ -160,3 +162,4 @@ def test_the_page_and_the_json_line_hold_both_systems_and_the_ratio() -> None:
     assert "ours 1250 / 1475 ms, Pipecat 2000 / 2000 ms" in page
     assert "AVX2 yes, AVX-512 no" in page and "load average: 2.0" in page and page.endswith("A note.\n")
     assert "| 1 | espeak:en-us | pipecat | 1500 | — |" in page
+    assert "Ours: target qwen2.5-coder-1.5b-instruct, asr tiny.en. Pipecat: `pipecat-ai[" in page
