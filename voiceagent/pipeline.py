@@ -27,7 +27,7 @@ from voiceagent.llm import (
     prepare_llm_models,
 )
 from voiceagent.real_speech import prepare_real_speech, real_speech_status
-from voiceagent.recognizers import load_asr_model, new_recognizer
+from voiceagent.recognizers import BargeInRecognizer, load_asr_model, new_recognizer
 from voiceagent.session import Session, SessionOptions
 from voiceagent.speech_models import (
     VoiceError,
@@ -71,10 +71,14 @@ class Pipeline:
         costs. That conversation becomes the template every session forks: no session prefills the
         system prompt again."""
         recognizer = new_recognizer(self.settings.asr_model)
-        recognizer.start()
-        for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
-            recognizer.push(frame)
-        await asyncio.to_thread(recognizer.decode_final)
+        starts = [recognizer.start]
+        if isinstance(recognizer, BargeInRecognizer):  # its recogniser for speech over a reply, too
+            starts.append(recognizer.start_barge_in)
+        for start in starts:
+            start()
+            for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
+                recognizer.push(frame)
+            await asyncio.to_thread(recognizer.decode_final)
         if self.engine is not None and self.template_llm is None:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
             conversation = self.engine.new_conversation(context)

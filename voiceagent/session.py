@@ -14,7 +14,8 @@ out and how a barge-in knows what the user heard.
   phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks holds the reply (voiceagent/barge_in.py); real
   words interrupt the turn: its tasks are cancelled, its queued reply events (`InterruptibleEvent`s) are
-  dropped, and the history keeps only the words already played. A backchannel or a cough resumes it.
+  dropped, and the history keeps only the words already played. A backchannel or a cough resumes it. Such
+  speech is heard by a recogniser of its own where there is one (voiceagent/recognizers.py).
 - A failing stage ends the turn with a `TurnError`; the session keeps listening. So does a turn that runs
   over `max_turn_s` (code "turn_too_long"): an utterance that long is cut off there and not answered (the
   session listens again once the user pauses), and a reply still being made after that long is stopped.
@@ -49,7 +50,7 @@ from voiceagent.partials import PartialSchedule
 from voiceagent.preempt import Preemption, PreemptiveReply, SpeakAhead
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.session_options import SessionOptions
-from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike
+from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike, start_utterance
 from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
@@ -162,7 +163,7 @@ class Session:
 
     async def push_text(self, text: str) -> None:
         """A typed user message: answered like a final transcript (interrupting any reply)."""
-        if self._replying():
+        if self.replying:
             self._interrupt()
         self.turn += 1
         self._emit(TranscriptFinal(self.clock.now_ns(), self.turn, text))
@@ -196,7 +197,7 @@ class Session:
 
     def _maybe_done_speaking(self, turn: int) -> None:
         """Back to listening (echo guard off) once the turn's reply is complete and all of it played."""
-        if not self._replying():
+        if not self.replying:
             self.endpointer.set_guard(False)
         self._update_idle()
 
@@ -205,14 +206,14 @@ class Session:
         await self._idle.wait()
 
     def _update_idle(self) -> None:
-        if self._utterance_open or self._replying():
+        if self._utterance_open or self.replying:
             self._idle.clear()
         else:
             self._idle.set()
 
     async def close(self) -> None:
-        """Cancels the session's work and ends `events()`; calling it again does no harm. A cancellation
-        of the caller that arrives meanwhile is passed on once the session is closed, not swallowed."""
+        """Cancels the session's work and ends `events()` (again: no harm); a cancellation of the caller
+        meanwhile is passed on once closed."""
         current = asyncio.current_task()
         pending = current.cancelling() if current is not None else 0
         self._drop_preemption("session closed")
@@ -232,9 +233,6 @@ class Session:
 
     @property
     def replying(self) -> bool:
-        return self._replying()
-
-    def _replying(self) -> bool:
         """The agent is thinking, speaking, or its audio is still playing at the transport."""
         current = asyncio.current_task()
         if self._reply is not None and not self._reply.done() and self._reply is not current:
@@ -242,7 +240,8 @@ class Session:
         return self.replier.playing(self.turn) or self.barge_ins.replying()
 
     def _start_utterance(self, edge: VadEdgeLike) -> None:
-        if self._replying():
+        over_reply = self.replying
+        if over_reply:
             if self.barge_ins.enabled:
                 held = self.barge_ins.current()
                 self.barge_ins.hold(held.turn if held is not None else self.turn, self._reply, edge.t_ns)
@@ -254,7 +253,7 @@ class Session:
         self._utterance_start_ns = edge.t_ns
         self.preemption.prefilled = 0
         self.partials.start_utterance(edge.confirmed_ns)
-        self.recognizer.start()
+        start_utterance(self.recognizer, over_reply)
         self.endpointing.start_utterance()
         self._update_idle()
         self._emit(SpeechStarted(edge.t_ns, self.turn))

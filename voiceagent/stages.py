@@ -8,7 +8,7 @@ so its shape is the `Synthesizer` protocol in voiceagent/tts.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -64,3 +64,20 @@ class ChunkerLike(Protocol):
     def push(self, text: str) -> list[str]: ...
 
     def flush(self) -> list[str]: ...
+
+
+@runtime_checkable
+class BargeInRecognizer(Protocol):
+    """A recogniser that hears speech begun over the agent's reply with a recogniser of its own
+    (voiceagent/recognizers.py `SplitRecognizer`)."""
+
+    def start_barge_in(self) -> None: ...  # as `start`, for an utterance begun over the agent's reply
+
+
+def start_utterance(recognizer: RecognizerLike, over_reply: bool) -> None:
+    """Starts the recogniser's utterance; one begun over the agent's reply (a possible barge-in) with the
+    recogniser's own for such speech, where it has one."""
+    if over_reply and isinstance(recognizer, BargeInRecognizer):
+        recognizer.start_barge_in()
+    else:
+        recognizer.start()

@@ -27,7 +27,7 @@ import numpy as np
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
-from voiceagent.stages import RecognizerLike
+from voiceagent.stages import RecognizerLike, start_utterance
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
@@ -97,7 +97,7 @@ async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_p
         for edge in endpointer.push(frame, t):
             if edge.kind == "speech_start" and rec.speech_start_ns is None:
                 rec.speech_start_ns, last_partial_ns = edge.t_ns, edge.confirmed_ns
-                recognizer.start()
+                start_utterance(recognizer, over_reply=clip.kind == "backchannel")  # as the session does
         if rec.speech_start_ns is None or t < busy_until_ns:
             continue
         silence_ms = endpointer.silence_ms()

@@ -11,6 +11,7 @@ from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
 from tests.voiceagent.test_session import LOUD, QUIET, Harness, run
 from voiceagent.barge_in import is_backchannel
 from voiceagent.events import Interrupted, ReplyPaused, ReplyResumed, SpeechAudio, TurnEnded
+from voiceagent.recognizers import SplitRecognizer
 from voiceagent.session import SessionOptions
 
 REPLY = ["One", " two", " three", " four", " five", " six."]
@@ -117,3 +118,34 @@ def test_without_resume_any_speech_over_the_reply_interrupts_it_at_once() -> Non
 )
 def test_what_counts_as_a_backchannel(text: str, backchannel: bool) -> None:
     assert is_backchannel(text) is backchannel
+
+
+def test_speech_over_the_reply_is_heard_by_the_barge_in_recogniser() -> None:
+    """With a SplitRecognizer (Moonshine for turns, Whisper for speech over the reply), a hum that the turns'
+    recogniser would hear as words ("In a moment") is heard by the barge-in one as "mm-hmm": it resumes."""
+    turns = ScriptedRecognizer("hello there", "In a moment")
+    barge_ins = ScriptedRecognizer("mm-hmm")
+    llm = FakeLLM(blocks=REPLY, delay_s=0.02)
+    h = run(speak_over(15), llm=llm, recognizer=SplitRecognizer(turns, barge_ins))  # type: ignore[arg-type]
+    assert not h.of(Interrupted) and [e.turn_id for e in h.of(ReplyResumed)] == [1]
+    assert turns.utterances == 1 and barge_ins.utterances == 1  # the question, then the hum over the reply
+    assert h.of(TurnEnded)[0].spoken_text == "One two three four five six."
+    assert len(llm.histories) == 1
+
+
+def test_the_turns_recogniser_hears_the_user_again_after_the_reply() -> None:
+    turns, barge_ins = ScriptedRecognizer("hello there", "what time is it"), ScriptedRecognizer("mm-hmm")
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+        await h.settle(lambda: not h.session.replying)
+        await h.frames(LOUD, 40)  # a new question, once the reply has played
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: len(h.of(TurnEnded)) == 2)
+
+    h = run(scenario, recognizer=SplitRecognizer(turns, barge_ins))  # type: ignore[arg-type]
+    assert turns.utterances == 2 and barge_ins.utterances == 0
+    assert h.llm.histories[-1][-1] == {"role": "user", "content": "what time is it"}
