@@ -19,7 +19,7 @@
     draft model's end-of-turn score of their words; 0: always VOICEAGENT_END_SILENCE_MS),
     VOICEAGENT_TURN_COMPLETE_SCORE (0.4) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.01): the scores at or
     above which a turn ends after VOICEAGENT_TURN_COMPLETE_SILENCE_MS (120) and at or below which it waits
-    VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (1500); VOICEAGENT_TURN_PENDING_SILENCE_MS (900): the least wait
+    VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (2000); VOICEAGENT_TURN_PENDING_SILENCE_MS (500): the least wait
     while the latest words are not scored yet; VOICEAGENT_TURN_HEARD_SLACK_MS (80): how far before the last
     voiced chunk a partial's audio may end and still count as hearing every word; VOICEAGENT_TURN_DIGITS_WAIT
     (1: words ending in a digit, a number being dictated, wait as incomplete) (voiceagent/turn_taking.py).
@@ -95,8 +95,8 @@ class Settings(BaseSettings):
     turn_complete_score: float = Field(0.4, gt=0, le=1)
     turn_incomplete_score: float = Field(0.01, gt=0, lt=1)
     turn_complete_silence_ms: int = Field(120, ge=0, le=3000)
-    turn_incomplete_silence_ms: int = Field(1500, ge=0, le=5000)
-    turn_pending_silence_ms: int = Field(900, ge=0, le=5000)
+    turn_incomplete_silence_ms: int = Field(2000, ge=0, le=5000)
+    turn_pending_silence_ms: int = Field(500, ge=0, le=5000)
     turn_heard_slack_ms: int = Field(80, ge=0, le=500)
     turn_digits_wait: bool = True
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio

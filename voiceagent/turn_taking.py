@@ -6,20 +6,21 @@ this process) each partial transcript gets P(turn complete) from the draft model
 (engine/turn_end.py), and the endpointer's wait follows it:
 
 - score >= `complete_score` (0.4): the words end a turn; `complete_silence_ms` (120) of silence ends it.
-- score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (1500),
+- score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (2000),
   then end the turn anyway (they may have finished after all).
 - in between: a wait between the two, log-linear in the score.
 - words heard after the scored ones (the user spoke on after the partial's audio, by more than
-  `heard_slack_ms`, 80): never less than `pending_silence_ms` (900), long enough for the partial at the
+  `heard_slack_ms`, 80): never less than `pending_silence_ms` (500), long enough for the partial at the
   pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
   not end the turn on its own.
-- words ending in a digit (a number being dictated, paused in): as incomplete (`digits_wait`).
+- words ending in a digit or a digit's word (a number being dictated, paused in): as incomplete
+  (`digits_wait`).
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
 endpointer's wait from it (`Endpointer.set_end_silence_ms`) on every frame. The defaults are what
-bench/turn_taking chose on its tuning clips on 2026-12-01 (bench/results/2026-12-01-cpu-turn-taking.md; the
-clips tuned on are not the clips reported on).
+bench/turn_taking chose on its tuning clips on 2026-12-01 with Moonshine partials
+(bench/results/2026-12-01-cpu-turn-taking-moonshine.md; the clips tuned on are not the clips reported on).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class TurnTakingOptions:
     complete_score: float = 0.4  # a score at or above this ends the turn after complete_silence_ms
     incomplete_score: float = 0.01  # at or below this the turn waits incomplete_silence_ms
     complete_silence_ms: int = 120
-    incomplete_silence_ms: int = 1500
-    pending_silence_ms: int = 900  # the least wait while the latest words are not scored yet
+    incomplete_silence_ms: int = 2000
+    pending_silence_ms: int = 500  # the least wait while the latest words are not scored yet
     # A partial whose audio ends at most this long before the last voiced chunk still heard every word:
     # Silero's voiced chunks run on ~50-100 ms past the last loud sample of a word.
     heard_slack_ms: int = 80
@@ -79,7 +80,10 @@ class TurnTakingOptions:
 
 
 DEFAULT_OPTIONS = TurnTakingOptions()
-ENDS_IN_DIGIT = re.compile(r"\d[\W_]*$")
+# A digit, or a digit's word (Moonshine writes dictated digits as words: "zero, seven."), at the end.
+ENDS_IN_DIGIT = re.compile(
+    r"(?:\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine))[\W_]*$", re.IGNORECASE
+)
 
 
 def end_silence_ms(

@@ -58,3 +58,15 @@ def test_a_number_being_dictated_waits_as_if_incomplete() -> None:
     assert wait.wait_ms(last_voiced_ns=1_900) == OPTIONS.incomplete_silence_ms
     wait.scored(0.6, heard_until_ns=3_000, text="Call me back on 07912 please.")
     assert wait.wait_ms(last_voiced_ns=2_900) == OPTIONS.complete_silence_ms
+
+
+def test_digits_spelled_as_words_wait_as_a_number_being_dictated() -> None:
+    """Moonshine writes dictated digits as words ("Call me back on zero, seven."): they wait as digits do."""
+    wait = EndOfTurnWait(OPTIONS)
+    for text in ("Call me back on zero, seven.", "My account number is three, one, eight,", "My PIN is 4 7"):
+        wait.start_utterance()
+        wait.scored(0.9, heard_until_ns=10_000, text=text)
+        assert wait.wait_ms(last_voiced_ns=9_000) == OPTIONS.incomplete_silence_ms, text
+    wait.start_utterance()
+    wait.scored(0.9, heard_until_ns=10_000, text="Is it done?")  # "one" inside a word is not a digit
+    assert wait.wait_ms(last_voiced_ns=9_000) == OPTIONS.complete_silence_ms
