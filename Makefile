@@ -45,7 +45,8 @@ clean:
 # then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes);
 # then reliability: 100k fuzzing messages (~2.5 min), 1,000 abrupt disconnects (~1.5 min), phone-call load
 # on fakes (~1.5 min) and concurrent conversations on the real models (~5 min); then the streaming ASR
-# figures: espeak-ng questions, and real recorded speech through tiny.en, base and Moonshine (~7 min); then
+# figures: espeak-ng questions, real recorded speech through tiny.en, base and Moonshine (~7 min) and
+# through whole sessions (~3 min); then
 # voice to voice beside Pipecat 1.14's default pipeline on the same 16 clips, interleaved (~15 min).
 bench: setup
 	$(PY) -m engine bench --dtype bf16 --gamma auto --draft-quant int4 --compare hf --also int4:int4:auto
@@ -58,5 +59,6 @@ bench: setup
 	$(PY) -m bench.asr_streaming
 	$(PY) -m bench.turn_taking
 	$(PY) -m bench.asr_real --out bench/results/$$(date +%F)-cpu-asr-real.md
+	$(PY) -m bench.asr_session --out bench/results/$$(date +%F)-cpu-asr-session.md
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[bench]'
 	$(PY) -m bench.voice_vs_pipecat
