@@ -13,8 +13,8 @@ this process) each partial transcript gets P(turn complete) from the draft model
   `heard_slack_ms`, 80): never less than `pending_silence_ms` (500), long enough for the partial at the
   pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
   not end the turn on its own.
-- words ending in a digit or a digit's word (a number being dictated, paused in): as incomplete
-  (`digits_wait`).
+- words ending in two or more digits or digits' words (a number being dictated, paused in): as
+  incomplete (`digits_wait`).
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
@@ -80,10 +80,10 @@ class TurnTakingOptions:
 
 
 DEFAULT_OPTIONS = TurnTakingOptions()
-# A digit, or a digit's word (Moonshine writes dictated digits as words: "zero, seven."), at the end.
-ENDS_IN_DIGIT = re.compile(
-    r"(?:\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine))[\W_]*$", re.IGNORECASE
-)
+# Two or more digits or digits' words at the end (Moonshine writes dictated digits as words: "zero, seven."):
+# a number being dictated. One alone ends many a finished request ("what is two plus two", "at 7").
+_DIGIT = r"(?:\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine)\b)"
+ENDS_IN_DIGIT = re.compile(_DIGIT + r"(?:[\s,.\-]*" + _DIGIT + r")+[\W_]*$", re.IGNORECASE)
 
 
 def end_silence_ms(
