@@ -24,7 +24,7 @@ from voiceagent.pipeline import Pipeline
 from voiceagent.session import Session, SessionOptions
 from voiceagent.traced import traced_session
 
-TRAILING_SILENCE_S = 1.5
+TRAILING_SILENCE_S = 1.5  # at least: longer where the turn-taking policy may wait longer (trailing_silence_s)
 
 
 @dataclass
@@ -111,12 +111,20 @@ async def talk(
     return result
 
 
+def trailing_silence_s(options: SessionOptions) -> float:
+    """The silence pushed after a recording: enough for the longest wait the end of turn may take (a
+    microphone would go on sending silence; a file ends), or the session would never hear the end."""
+    policy = options.turn_taking
+    longest_ms = max(policy.incomplete_silence_ms, policy.pending_silence_ms) if policy is not None else 0
+    return max(TRAILING_SILENCE_S, longest_ms / 1000 + 0.5)
+
+
 async def _push_recording(
     session: Session, clock: Clock, audio: np.ndarray, fast: bool, speed: float
 ) -> None:
     """Pushes `audio` and the trailing silence a frame at a time, at `speed` times real time, and waits
     until the agent has answered and been heard."""
-    silence = np.zeros(int(TRAILING_SILENCE_S * 1000 / FRAME_MS) * FRAME_SAMPLES, dtype=np.int16)
+    silence = np.zeros(int(trailing_silence_s(session.options) * 1000 / FRAME_MS) * FRAME_SAMPLES, np.int16)
     start_ns = clock.now_ns()
     for k, frame in enumerate(frames(np.concatenate([audio, silence]))):
         await session.push_audio(frame)

@@ -90,3 +90,16 @@ def test_talk_refuses_a_file_that_is_not_audio(tmp_path: Path) -> None:
     bogus.write_text("not audio at all")
     run = talk(str(bogus), "--target", SMOL, "--draft", "none", "--fast")
     assert run.returncode == 2 and "is not an audio file" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_recording_is_followed_by_silence_enough_for_the_longest_end_of_turn_wait() -> None:
+    """A file ends where a microphone would go on: the silence after it must outlast the policy's longest
+    wait (an incomplete-looking "Seven of clubs" waits 2 s), or the session never hears the end."""
+    from voiceagent.session_options import SessionOptions
+    from voiceagent.talk import TRAILING_SILENCE_S, trailing_silence_s
+    from voiceagent.turn_taking import TurnTakingOptions
+
+    assert trailing_silence_s(SessionOptions()) > SessionOptions().turn_taking.incomplete_silence_ms / 1000
+    long_wait = SessionOptions(turn_taking=TurnTakingOptions(incomplete_silence_ms=4000))
+    assert trailing_silence_s(long_wait) >= 4.5
+    assert trailing_silence_s(SessionOptions(turn_taking=None)) == TRAILING_SILENCE_S

@@ -33,7 +33,8 @@ from websockets.exceptions import ConnectionClosed
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, mulaw_encode, resample
 from voiceagent.clock import Clock, MonotonicClock
 from voiceagent.replay.recordings import Recording
-from voiceagent.talk import TRAILING_SILENCE_S
+from voiceagent.session_options import SessionOptions
+from voiceagent.talk import trailing_silence_s
 from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
@@ -70,7 +71,8 @@ class DriveResult:
 
 
 def with_trailing_silence(audio: np.ndarray) -> np.ndarray:
-    return np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * SAMPLE_RATE), dtype=np.int16)])
+    seconds = trailing_silence_s(SessionOptions())  # the far end's default turn-taking may wait this long
+    return np.concatenate([audio, np.zeros(int(seconds * SAMPLE_RATE), dtype=np.int16)])
 
 
 async def replay_local(recording: Recording, pipeline: Any, out: Path, speed: float) -> DriveResult:
