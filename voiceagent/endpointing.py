@@ -19,7 +19,7 @@ from voiceagent.clock import Clock
 from voiceagent.llm import LLM, Message, TurnScoringLLM
 from voiceagent.stages import EndpointerLike
 from voiceagent.trace import TURN_SCORE, Trace
-from voiceagent.turn_taking import DEFAULT_OPTIONS, EndOfTurnWait, TurnTakingOptions
+from voiceagent.turn_taking import DEFAULT_OPTIONS, EndOfTurnWait, TurnTakingOptions, heard_all
 
 
 def _words(text: str) -> list[str]:
@@ -57,8 +57,7 @@ class ScoredEndpointing:
     def heard_all(self, heard_until_ns: int) -> bool:
         """A partial whose audio ends at `heard_until_ns` heard every word said so far (within the
         policy's `heard_slack_ms`; the default slack under the silence rule)."""
-        slack_ms = (self.options or DEFAULT_OPTIONS).heard_slack_ms
-        return self.endpointer.last_voiced_ns() <= heard_until_ns + slack_ms * 1_000_000
+        return heard_all(heard_until_ns, self.endpointer.last_voiced_ns(), self.options or DEFAULT_OPTIONS)
 
     def before_frame(self) -> None:
         """Called for each input frame before the endpointer hears it: the wait the latest score says."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from voiceagent.config import Settings
 
-__all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms"]
+__all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms", "heard_all"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,12 @@ DEFAULT_OPTIONS = TurnTakingOptions()
 # a number being dictated. One alone ends many a finished request ("what is two plus two", "at 7").
 _DIGIT = r"(?:\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine)\b)"
 ENDS_IN_DIGIT = re.compile(_DIGIT + r"(?:[\s,.\-]*" + _DIGIT + r")+[\W_]*$", re.IGNORECASE)
+
+
+def heard_all(heard_until_ns: int, last_voiced_ns: int, options: TurnTakingOptions = DEFAULT_OPTIONS) -> bool:
+    """A partial whose audio ends at `heard_until_ns` heard every word said up to the endpointer's
+    `last_voiced_ns()`, within the policy's `heard_slack_ms`."""
+    return last_voiced_ns <= heard_until_ns + options.heard_slack_ms * 1_000_000
 
 
 def end_silence_ms(
@@ -143,5 +149,5 @@ class EndOfTurnWait:
         """The silence that ends the turn, given the endpointer's `last_voiced_ns()`."""
         if self._score is None:
             return self.options.fallback_silence_ms if self._unscorable else self.options.pending_silence_ms
-        heard_all = last_voiced_ns <= self._heard_until_ns + self.options.heard_slack_ms * 1_000_000
-        return end_silence_ms(self._score, self.options, heard_all=heard_all)
+        heard = heard_all(self._heard_until_ns, last_voiced_ns, self.options)
+        return end_silence_ms(self._score, self.options, heard_all=heard)

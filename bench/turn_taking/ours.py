@@ -7,7 +7,7 @@ ms while the user speaks (none once they are silent) and one at 100 ms of silenc
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
-`HEARD_SLACK_MS`) is not scored (`Scored.score` None, `skipped`): it could not end the turn. The
+the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it could not end the turn. The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
 utterance would get up to its first end, whatever the policy.
 
@@ -28,14 +28,13 @@ from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
 from voiceagent.stages import RecognizerLike, start_utterance
-from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions
+from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
 FRAME_NS = 20_000_000
 PARTIAL_EVERY_MS = 300  # SessionOptions.partial_every_ms
 PAUSE_MS = 100  # SessionOptions.pause_ms
 NEVER_MS = 60_000
-HEARD_SLACK_MS = TurnTakingOptions().heard_slack_ms  # a partial this close to the last voiced chunk heard it
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ async def _partial(
     asr_s = time.perf_counter() - started
     returned_ns = heard_until_ns + int(asr_s * 1e9)
     frame = min(len(voiced_until) - 1, returned_ns // FRAME_NS)
-    if not pause and voiced_until[frame] > heard_until_ns + HEARD_SLACK_MS * 1_000_000:
+    if not pause and not heard_all(heard_until_ns, voiced_until[frame]):
         return Scored(returned_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, skipped=True)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
