@@ -9,9 +9,9 @@ committed text that never needs taking back, so the agent may speak each block t
   prefix the next turn shares. LocalLLMs on one engine take turns block by block under the engine's lock.
   A block that does not come within `block_timeout_s` (VOICEAGENT_LLM_TIMEOUT_S: a stalled engine) fails
   the reply with LLMError and sets the cancel event; the next reply waits at most as long for it to stop.
-- `RemoteLLM` streams /v1/chat/completions over SSE (`python -m engine serve`, or vLLM for a 70B target).
-  Leaving early closes the connection; the engine server then cancels the generation at its next block.
-  Block statistics (drafted, accepted) come with this project's server; vLLM does not send them (None).
+  On the CPU its forwards wait for the speech jobs (ASR, TTS) of the pipeline's `CpuLane` (cpu_lane.py).
+- `RemoteLLM` (voiceagent/remote_llm.py) streams /v1/chat/completions over SSE (`python -m engine serve`,
+  or vLLM for a 70B target).
 
 `connect_llm(Settings())` picks the backend from VOICEAGENT_LLM ("local" or a base URL).
 """
@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from voiceagent.config import Settings
+from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.llm_types import (
     DEFAULT_OPTIONS,
     LLM,
@@ -39,6 +37,7 @@ from voiceagent.llm_types import (
     ReplyOptions,
     TurnScoringLLM,
 )
+from voiceagent.remote_llm import RemoteLLM
 
 if TYPE_CHECKING:
     from engine import CommittedBlock, Conversation, Engine
@@ -56,6 +55,7 @@ __all__ = [  # the shared types are re-exported: every caller imports them from 
     "ReplyOptions",
     "TurnScoringLLM",
     "connect_llm",
+    "engine_lane",
     "llm_model_status",
     "load_local_engine",
     "prepare_llm_models",
@@ -74,8 +74,9 @@ class LocalLLM:
         *,
         conversation: Conversation | None = None,
         block_timeout_s: float = DEFAULT_BLOCK_TIMEOUT_S,
+        lane: CpuLane = NO_LANE,
     ) -> None:
-        self.engine, self.block_timeout_s = engine, block_timeout_s
+        self.engine, self.block_timeout_s, self.lane = engine, block_timeout_s, lane
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
@@ -135,6 +136,7 @@ class LocalLLM:
         def hand_over(item: ReplyBlock | Exception) -> None:
             with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
                 loop.call_soon_threadsafe(arrived.put_nowait, item)
+                self.lane.settle(loop)  # a phrase this block ends begins its TTS before the next block
 
         def finish() -> None:
             if not finished.done():
@@ -156,11 +158,20 @@ class LocalLLM:
     ) -> None:
         """Worker thread: steps the engine one block at a time under the engine's lock."""
         try:
-            for block in self._lock.each(blocks):
+            for block in self._lock.each(self._after_speech(blocks)):
                 deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
                                    block.finish_reason, block.token_ids))  # fmt: skip
         except Exception as error:  # handed to the event loop, where the stream raises LLMError
             deliver(error)
+
+    def _after_speech(self, blocks: Iterator[CommittedBlock]) -> Iterator[CommittedBlock]:
+        """`blocks`, each begun once no speech job runs (voiceagent/cpu_lane.py)."""
+        while True:
+            self.lane.wait_turn()
+            block = next(blocks, None)
+            if block is None:
+                return
+            yield block
 
     async def aclose(self) -> None:
         self._cancel.set()
@@ -175,9 +186,12 @@ class LocalLLM:
         if self._running is not None and not self._running.done():
             return False
         prompt = self._fitting_prompt(messages, room=1)
+        if messages and messages[-1]["role"] == "user":  # the words only: more of them come, then the tail
+            prompt = self._user_words(prompt)
 
         def work() -> bool:
             try:
+                self.lane.wait_turn()
                 with self._lock:
                     self._conversation.prefill(prompt, draft_only=draft_only)
                 return True
@@ -206,12 +220,16 @@ class LocalLLM:
         self._running = job
         return await asyncio.shield(job)
 
-    def _score_turn(self, messages: list[Message]) -> float | None:
+    def _user_words(self, prompt: list[int]) -> list[int]:
+        """The chat prompt of a history that ends with the user's message, cut before its end-of-turn id."""
         from engine.turn_end import turn_marks, user_words
 
+        return user_words(prompt, turn_marks(self.engine.tokenizer).end_of_turn_id)
+
+    def _score_turn(self, messages: list[Message]) -> float | None:
         try:
-            end_of_turn_id = turn_marks(self.engine.tokenizer).end_of_turn_id
-            prompt = user_words(self._fitting_prompt(messages, room=1), end_of_turn_id)
+            prompt = self._user_words(self._fitting_prompt(messages, room=1))
+            self.lane.wait_turn()
             with self._lock:
                 return self._conversation.end_of_turn_probability(prompt)
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
@@ -235,129 +253,10 @@ class LocalLLM:
 
     def fork(self) -> LocalLLM:
         """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""
+        conversation = self._conversation.fork()
         return LocalLLM(
-            self.engine, conversation=self._conversation.fork(), block_timeout_s=self.block_timeout_s
+            self.engine, conversation=conversation, block_timeout_s=self.block_timeout_s, lane=self.lane
         )
-
-
-class RemoteLLM:
-    """An OpenAI-compatible server at `base_url` (e.g. http://127.0.0.1:8000/v1), streamed over SSE."""
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        model: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 60.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self._client = client or httpx.AsyncClient(timeout=timeout)
-        self._owns_client = client is None
-
-    async def model(self) -> str:
-        """The model to ask for: the configured one, or the first the server lists."""
-        if self._model is None:
-            url = f"{self.base_url}/models"
-            try:
-                response = await self._client.get(url, headers=self._headers)
-            except httpx.HTTPError as error:
-                raise LLMError(f"cannot reach {url}: {type(error).__name__}: {error}") from error
-            if response.status_code != 200:
-                raise LLMError(f"{url} answered {_error_message(response)}")
-            models = response.json().get("data") or []
-            if not models:
-                raise LLMError(f"{url} lists no model")
-            self._model = str(models[0]["id"])
-        return self._model
-
-    async def stream(
-        self, messages: Sequence[Message], options: ReplyOptions = DEFAULT_OPTIONS
-    ) -> AsyncIterator[ReplyBlock]:
-        """Streams the reply's blocks; raises LLMError if the server refuses, fails or cannot be reached."""
-        url = f"{self.base_url}/chat/completions"
-        body: dict[str, Any] = {
-            "model": await self.model(),
-            "messages": [dict(message) for message in messages],
-            "stream": True,
-            "temperature": options.temperature,
-            "top_p": options.top_p,
-            "max_tokens": options.max_tokens,
-        }
-        if options.stop:
-            body["stop"] = list(options.stop)
-        if options.seed is not None:
-            body["seed"] = options.seed
-        finished = False
-        try:
-            async with self._client.stream("POST", url, json=body, headers=self._headers) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise LLMError(f"{url} answered {_error_message(response)}")
-                async for data in _sse_data(response.aiter_lines()):
-                    if data == "[DONE]":
-                        break
-                    block = _reply_block(data)
-                    if block is not None:
-                        finished = finished or block.finish_reason is not None
-                        yield block
-        except httpx.HTTPError as error:
-            raise LLMError(f"{url}: {type(error).__name__}: {error}") from error
-        if not finished:
-            raise LLMError(f"{url}: the stream ended before the reply was finished")
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
-
-
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data` of each server-sent event (multi-line data joined with newlines; other fields ignored)."""
-    data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    if data:
-        yield "\n".join(data)
-
-
-def _reply_block(data: str) -> ReplyBlock | None:
-    """A chat.completion.chunk as a ReplyBlock; None for chunks without text or a finish (role, usage)."""
-    try:
-        chunk = json.loads(data)
-    except json.JSONDecodeError as error:
-        raise LLMError(f"the server sent a chunk that is not JSON: {data[:120]!r}") from error
-    if "error" in chunk:
-        raise LLMError(f"the server failed mid-stream: {chunk['error'].get('message', chunk['error'])}")
-    choices = chunk.get("choices") or []
-    if not choices:
-        return None
-    text = (choices[0].get("delta") or {}).get("content") or ""
-    finish_reason = choices[0].get("finish_reason")
-    block = chunk.get("block")  # this project's server: what the block drafted and accepted
-    if not text and finish_reason is None and block is None:
-        return None
-    if block is None:
-        return ReplyBlock(text, finish_reason=finish_reason)
-    return ReplyBlock(
-        text, block.get("n_tokens"), block.get("n_drafted"), block.get("n_accepted"), finish_reason
-    )
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = response.text[:200]
-    return f"{response.status_code}: {message}"
 
 
 def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> None:
@@ -381,6 +280,11 @@ def load_local_engine(settings: Settings) -> Engine:
     from engine import EngineOptions, load_engine
 
     return load_engine(EngineOptions.from_attributes(settings))  # target, draft ("none": plain), dtype, ...
+
+
+def engine_lane(engine: Engine | None) -> CpuLane:
+    """A CPU lane for a local engine on the CPU (one per engine); none (`NO_LANE`) on a GPU or without."""
+    return CpuLane() if engine is not None and engine.target.device.type == "cpu" else NO_LANE
 
 
 def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +19,12 @@ from voiceagent.audio import SAMPLE_RATE, frames
 from voiceagent.chunker import PhraseChunker
 from voiceagent.clock import Clock
 from voiceagent.config import Settings
+from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.llm import (
     LocalLLM,
     ReplyOptions,
     connect_llm,
+    engine_lane,
     llm_model_status,
     load_local_engine,
     prepare_llm_models,
@@ -51,6 +54,7 @@ class Pipeline:
     silero: SileroVad
     synthesizer: Synthesizer
     engine: Any  # engine.generate.Engine for VOICEAGENT_LLM=local, else None
+    lane: CpuLane = NO_LANE  # ASR and TTS take turns with a local engine on the CPU (voiceagent/cpu_lane.py)
     template_llm: LocalLLM | None = None  # holds the system prompt's cached keys; each session forks it
 
     @classmethod
@@ -59,12 +63,14 @@ class Pipeline:
         log("loading the speech models")
         asr_model = load_asr_model(settings.asr_model)
         silero = load_silero()
-        synthesizer = load_synthesizer(settings.tts)
         engine = None
         if settings.llm_is_local:
             log(f"loading the engine: {settings.target} with draft {settings.draft}")
             engine = load_local_engine(settings)
-        return cls(settings, asr_model, silero, synthesizer, engine)
+        lane = engine_lane(engine)
+        # In the lane a phrase renders alone, so with every core; else beside the engine's decoding, on one.
+        threads = min(2, os.cpu_count() or 1) if lane.active else 1
+        return cls(settings, asr_model, silero, load_synthesizer(settings.tts, threads=threads), engine, lane)
 
     async def warm_up(self) -> None:
         """One ASR pass and one LLM token with the speech system prompt, so no turn pays first-call
@@ -82,9 +88,8 @@ class Pipeline:
         if self.engine is not None and self.template_llm is None:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
             conversation = self.engine.new_conversation(context)
-            llm = LocalLLM(
-                self.engine, conversation=conversation, block_timeout_s=self.settings.llm_timeout_s
-            )
+            timeout_s = self.settings.llm_timeout_s
+            llm = LocalLLM(self.engine, conversation=conversation, block_timeout_s=timeout_s, lane=self.lane)
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},
                 {"role": "user", "content": "Hello."},
@@ -113,6 +118,7 @@ class Pipeline:
             clock=clock,
             trace=trace,
             options=options,
+            lane=self.lane,
         )
 
 

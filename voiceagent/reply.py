@@ -3,9 +3,10 @@
 `Replier.respond` speaks the reply to the user's words from the LLM's stream of committed blocks (fresh,
 or adopted from a preemptive reply: the session chooses): each block becomes a `ReplyText`, the chunker
 turns blocks into phrases, and TTS speaks each phrase as soon as it exists, in a task of its own, so the
-LLM keeps writing while TTS speaks. TTS runs in a worker thread of its own pool; a cancelled reply closes
-its synthesis as soon as the thread lets go. An adopted preemptive reply may bring its first phrase's audio
-made ahead (`SpokenAhead`, voiceagent/preempt.py, rendered by `render`): it is sent at once.
+LLM keeps writing while TTS speaks. TTS runs in a worker thread of its own pool, as a speech job of the
+CPU lane (voiceagent/cpu_lane.py); a cancelled reply closes its synthesis as soon as the thread lets go.
+An adopted preemptive reply may bring its first phrase's audio made ahead (`SpokenAhead`,
+voiceagent/preempt.py, rendered by `render`): it is sent at once.
 
 The replier also keeps the spoken-words map: for each turn, which phrases were synthesised and how much of
 their audio the transport has played, so a barge-in cuts the history to the words the user heard.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from voiceagent.clock import Clock
+from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.events import Event, ReplyText, SpeechAudio, TurnEnded
 from voiceagent.llm import ReplyBlock
 from voiceagent.preempt import SpokenAhead
@@ -36,10 +38,12 @@ if TYPE_CHECKING:
 _TTS_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="voice-tts")
 
 
-async def _next_in_thread(chunks: Iterator[np.ndarray]) -> np.ndarray | None:
-    """The generator's next item, computed in a TTS worker thread. If the caller is cancelled (barge-in),
-    the generator is closed as soon as the thread lets go of it, which stops a TTS subprocess at once."""
-    job = _TTS_POOL.submit(next, chunks, None)
+async def _next_in_thread(chunks: Iterator[np.ndarray], lane: CpuLane) -> np.ndarray | None:
+    """The generator's next item, computed in a TTS worker thread, in the CPU lane. If the caller is
+    cancelled (barge-in), the generator is closed as soon as the thread lets go of it, which stops a TTS
+    subprocess at once."""
+    lane.begin()  # here, not in the thread: the engine's next block waits from now on
+    job = _TTS_POOL.submit(lane.next_of, chunks)
     try:
         return await asyncio.wrap_future(job)
     except asyncio.CancelledError:
@@ -83,8 +87,9 @@ class Replier:
         options: SessionOptions,
         history: list[dict[str, str]],
         emit: Callable[[Event], None],
+        lane: CpuLane = NO_LANE,
     ) -> None:
-        self.synthesizer, self.new_chunker = synthesizer, new_chunker
+        self.synthesizer, self.new_chunker, self.lane = synthesizer, new_chunker, lane
         self.endpointer, self.clock, self.trace, self.options = endpointer, clock, trace, options
         self.history, self.emit = history, emit
         self.spoken: dict[int, SpokenReply] = {}  # turn -> its phrases' audio and the playback position
@@ -167,13 +172,16 @@ class Replier:
                 yield chunk
             return
         chunks = synthesize_at(self.synthesizer, phrase, self.options.output_rate)  # one resampler
-        while (samples := await _next_in_thread(chunks)) is not None:
+        while (samples := await _next_in_thread(chunks, self.lane)) is not None:
             yield samples
 
     async def render(self, phrase: str) -> list[np.ndarray]:
-        """The whole audio of `phrase` at the output rate, synthesised in a TTS worker thread."""
+        """The whole audio of `phrase` at the output rate, synthesised in a TTS worker thread, in the lane."""
         rate = self.options.output_rate
-        job = _TTS_POOL.submit(lambda: list(synthesize_at(self.synthesizer, phrase, rate)))
+        self.lane.begin()
+        job = _TTS_POOL.submit(
+            self.lane.run_begun, lambda: list(synthesize_at(self.synthesizer, phrase, rate))
+        )
         return await asyncio.wrap_future(job)
 
     def playing(self, turn: int) -> bool:

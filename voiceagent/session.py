@@ -9,7 +9,7 @@ out and how a barge-in knows what the user heard.
   the reply starts on the pause's (voiceagent/preempt.py), its first phrase rendered too, while the
   endpointer waits out its end-of-speech silence. At speech_end the final transcript reuses that partial;
   the reply is kept if it answers the same words, else restarted with the cancelled reply's ids proposed.
-  CPU-heavy calls (ASR, TTS) run in worker threads.
+  CPU-heavy calls (ASR, TTS) run in worker threads, in the CPU lane with the engine (voiceagent/cpu_lane.py).
 - The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
   phrases and TTS speaks each phrase as soon as it exists, so the LLM keeps writing while TTS speaks.
 - Speech from the user while the agent thinks or speaks holds the reply (voiceagent/barge_in.py); real
@@ -33,6 +33,7 @@ import numpy as np
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES
 from voiceagent.barge_in import BargeIns
 from voiceagent.clock import Clock
+from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.endpointing import ScoredEndpointing
 from voiceagent.events import (
     Event,
@@ -78,8 +79,9 @@ class Session:
         clock: Clock,
         trace: Trace,
         options: SessionOptions | None = None,
+        lane: CpuLane = NO_LANE,
     ) -> None:
-        self.endpointer, self.recognizer, self._llm = endpointer, recognizer, llm
+        self.endpointer, self.recognizer, self._llm, self.lane = endpointer, recognizer, llm, lane
         self.clock, self.trace = clock, trace
         self.options = options or SessionOptions()
         self.history: list[dict[str, str]] = [{"role": "system", "content": self.options.system_prompt}]
@@ -92,6 +94,7 @@ class Session:
             options=self.options,
             history=self.history,
             emit=self._emit,
+            lane=lane,
         )
         self.turn = 0
         self._events: asyncio.Queue[Event | None] = asyncio.Queue()
@@ -147,7 +150,8 @@ class Session:
                 self._start_utterance(edge)
             elif edge.kind == "speech_end":
                 self._end_utterance(edge)
-        if self._utterance_open and self._too_long(t - self._utterance_start_ns):
+        limit = self.options.max_turn_s
+        if self._utterance_open and limit is not None and t - self._utterance_start_ns > limit * 1e9:
             self._cut_utterance()
         if self._utterance_open:
             self._schedule_partial(t)
@@ -259,10 +263,6 @@ class Session:
         self._emit(SpeechStarted(edge.t_ns, self.turn))
         self.trace.write(VAD_SPEECH_START, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
 
-    def _too_long(self, elapsed_ns: int) -> bool:
-        limit = self.options.max_turn_s
-        return limit is not None and elapsed_ns > limit * 1e9
-
     def _cut_utterance(self) -> None:
         """The user has spoken for longer than max_turn_s: the turn ends unanswered, with an error."""
         turn, limit = self.turn, self.options.max_turn_s
@@ -292,7 +292,7 @@ class Session:
     async def _partial(self, turn: int, t_ns: int, pause: bool = False) -> None:
         """A partial transcript of the audio up to the frame at `t_ns`: traced, scored, and a head start."""
         try:
-            transcript = await asyncio.to_thread(self.recognizer.decode_partial)
+            transcript = await self.lane.in_thread(self.recognizer.decode_partial)
             heard_until_ns = t_ns + FRAME_MS * 1_000_000
             # A regular partial that returns after the user spoke on past its audio cannot end the turn nor
             # start a reply that will be kept: its score and head start would only slow the next partial.
@@ -327,7 +327,7 @@ class Session:
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:
-            text = (await asyncio.to_thread(self.recognizer.decode_final, trailing_ms)).strip()
+            text = (await self.lane.in_thread(self.recognizer.decode_final, trailing_ms)).strip()
         except Exception as error:
             self._drop_preemption("asr failed")
             self._fail(turn, "asr", error)

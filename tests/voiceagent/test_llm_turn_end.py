@@ -60,3 +60,27 @@ def test_no_score_while_a_reply_runs(pair: Engine) -> None:
 
     during, after = asyncio.run(score_during_and_after_a_reply())
     assert during is None and after is not None
+
+
+def test_words_fed_while_the_user_speaks_stop_before_the_template_tail(pair: Engine) -> None:
+    """The head start caches the user's words only: the tail that closes their message and opens the
+    reply would be thrown away as soon as they say one more word (4-5 ids a partial, each ~25-50 ms)."""
+    from engine import chat_prompt
+    from engine.turn_end import turn_marks
+
+    llm, plain = LocalLLM(pair), LocalLLM(pair)
+    so_far, question = said("Could you remind me to call"), said("Could you remind me to call my sister?")
+    reply = ReplyOptions(max_tokens=8)
+
+    async def head_start_then_reply() -> tuple[bool, list[int], str, str]:
+        fed = await llm.prefill(so_far)
+        cached = list(llm._conversation.tokens)
+        text = "".join([block.text async for block in llm.stream(question, reply)])
+        return fed, cached, text, "".join([block.text async for block in plain.stream(question, reply)])
+
+    fed, cached, text, without = asyncio.run(head_start_then_reply())
+    prompt = chat_prompt(pair.tokenizer, so_far)
+    end_of_turn = turn_marks(pair.tokenizer).end_of_turn_id
+    assert fed and cached == prompt[: len(prompt) - 1 - prompt[::-1].index(end_of_turn)]
+    assert pair.tokenizer.decode(cached[-2:]).strip().endswith("call")  # the words, and no reply header
+    assert text == without  # the head start changes nothing of the reply

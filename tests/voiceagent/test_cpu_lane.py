@@ -1,0 +1,89 @@
+"""The CPU lane: speech jobs (ASR, TTS) start at once, and a local engine's next forward waits for them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from tests.fakes import tiny_engine
+from tests.voiceagent.test_llm_turns import RecordingConversation
+from voiceagent.cpu_lane import NO_LANE, CpuLane
+from voiceagent.llm import LocalLLM, ReplyOptions, engine_lane
+
+
+def test_the_engine_waits_while_a_speech_job_runs() -> None:
+    lane, order = CpuLane(), []
+    started = threading.Event()
+
+    def speech() -> None:
+        started.set()
+        time.sleep(0.2)
+        order.append("speech done")
+
+    job = threading.Thread(target=lane.run, args=(speech,))
+    job.start()
+    started.wait()
+    lane.wait_turn()
+    order.append("engine forward")
+    job.join()
+    assert order == ["speech done", "engine forward"]
+    assert not lane.busy()
+
+
+def test_a_speech_job_never_waits_for_the_engine() -> None:
+    lane = CpuLane()
+    lane.begin()  # e.g. a phrase's TTS, begun in the event loop
+    assert lane.run(lambda: "transcript") == "transcript"  # a second speech job runs at once
+    waited = threading.Thread(target=lane.wait_turn)
+    waited.start()
+    waited.join(0.1)
+    assert waited.is_alive()  # the engine still waits for the first job
+    lane.end()
+    waited.join(2)
+    assert not waited.is_alive()
+
+
+def test_without_a_lane_nothing_waits() -> None:
+    NO_LANE.begin()
+    NO_LANE.wait_turn(timeout_s=30)  # returns at once
+    NO_LANE.end()
+    assert not NO_LANE.active and not NO_LANE.busy()
+
+
+def test_a_cpu_engine_has_a_lane() -> None:
+    assert engine_lane(tiny_engine()).active
+    assert not engine_lane(None).active
+
+
+def test_the_next_block_waits_for_the_phrase_its_predecessor_ended() -> None:
+    """The engine's worker lets the event loop run what a block set going before its next block: a
+    phrase's TTS begun there runs alone, and the next block is made after it."""
+    from tests.gateway.drops import ChatTokenizer
+
+    engine = tiny_engine()
+    engine.tokenizer = ChatTokenizer()
+    order: list[str] = []
+    lane = engine_lane(engine)
+    llm = LocalLLM(
+        engine, conversation=RecordingConversation(engine.new_conversation(), "block", order), lane=lane
+    )
+
+    def render(n: int) -> None:
+        time.sleep(0.05)
+        order.append(f"phrase {n}")
+        lane.end()
+
+    async def reply() -> None:
+        n = 0
+        async for _ in llm.stream([{"role": "user", "content": "hello"}], ReplyOptions(max_tokens=6)):
+            n += 1
+            lane.begin()  # as the replier does when a block ends a phrase
+            threading.Thread(target=render, args=(n,)).start()
+        await asyncio.sleep(0.2)
+
+    asyncio.run(reply())
+    blocks = [i for i, name in enumerate(order) if name == "block"]
+    assert len(blocks) >= 3
+    for k, (this, following) in enumerate(zip(blocks, blocks[1:], strict=False), start=1):
+        assert f"phrase {k}" in order[this:following], order  # each phrase before the next block

@@ -1,0 +1,111 @@
+"""Speech before the engine on a small CPU: the engine's next forward waits while ASR or TTS computes.
+
+On a CPU the engine's forward passes (llama.cpp's or PyTorch's) use every core, and their threads meet at a
+barrier after each of a forward's few hundred operations. A recogniser's decode or a Piper phrase run beside
+them takes a core away at random moments, and every barrier then waits for the thread that lost its core:
+on 2 AVX2 cores a decoding step went from 91 to 221 ms/token while Piper rendered beside it, and Piper's
+first audio from 81 ms (alone, 2 threads) to 193 ms (1 thread, beside the engine). Taking turns costs less
+than sharing.
+
+A speech job (a partial or final transcript, a phrase's audio) is what the user waits for, and it is short;
+an engine forward may be long (a prefill) and cannot be stopped halfway. So speech jobs never wait: they
+start at once (beside the forward in flight, if any) and the engine waits before its next forward (a block,
+a prefill, a score) until no speech job runs. The engine loses at most the jobs' own time; a phrase's audio
+overlaps at most the rest of one forward.
+
+Where the LLM is a local engine on the CPU, the pipeline has one `CpuLane` for its engine; with a remote LLM
+or an engine on a GPU there is none (`NO_LANE`): nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+__all__ = ["MAX_ENGINE_WAIT_S", "NO_LANE", "CpuLane"]
+
+MAX_ENGINE_WAIT_S = 2.0  # the longest the engine waits for speech jobs (a stuck TTS cannot stall a reply)
+SETTLE_HOPS = 6  # event-loop turns from a block's hand-over to its phrase's TTS job (4 at most, counted)
+SETTLE_S = 0.02  # the longest the engine waits for them
+
+Result = TypeVar("Result")
+Item = TypeVar("Item")
+
+
+class CpuLane:
+    """Speech jobs first, the engine's forwards between them. Thread-safe; `active` False: nothing waits."""
+
+    def __init__(self, active: bool = True) -> None:
+        self.active = active
+        self._idle = threading.Condition()
+        self._jobs = 0  # speech jobs computing now
+
+    def begin(self) -> None:
+        """A speech job starts (call `end` once it is done): from now on the engine's next forward waits.
+        Call it where the job is decided, before handing it to a worker thread."""
+        if self.active:
+            with self._idle:
+                self._jobs += 1
+
+    def end(self) -> None:
+        if self.active:
+            with self._idle:
+                self._jobs -= 1
+                self._idle.notify_all()
+
+    def run(self, call: Callable[[], Result]) -> Result:
+        """`call()`, as a speech job: it starts at once, and the engine's next forward waits for its end."""
+        self.begin()
+        try:
+            return call()
+        finally:
+            self.end()
+
+    def run_begun(self, call: Callable[[], Result]) -> Result:
+        """`call()`, as the speech job begun by `begin` (in a worker thread)."""
+        try:
+            return call()
+        finally:
+            self.end()
+
+    def next_of(self, items: Iterator[Item]) -> Item | None:
+        """The iterator's next item (None at its end), as the job begun by `begin`: a synthesizer renders
+        in `next`."""
+        return self.run_begun(lambda: next(items, None))
+
+    def wait_turn(self, timeout_s: float = MAX_ENGINE_WAIT_S) -> None:
+        """Called by the engine before a forward: returns once no speech job runs (or after `timeout_s`)."""
+        if not self.active:
+            return
+        with self._idle:
+            self._idle.wait_for(lambda: self._jobs == 0, timeout_s)
+
+    def settle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called by the engine's worker thread after handing a block to `loop`: returns once the loop has
+        run what that block set going (the reply's chunker, then the `begin` of a phrase's TTS: a few
+        callbacks deep) or after SETTLE_S, so that job is begun before the engine's next forward."""
+        if not self.active or loop.is_closed():
+            return
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_yield_to(SETTLE_HOPS), loop).result(SETTLE_S)
+
+    async def in_thread(self, call: Callable[..., Result], *args: object) -> Result:
+        """`call(*args)` in a worker thread, as a speech job begun now."""
+        self.begin()
+        return await asyncio.to_thread(self.run_begun, functools.partial(call, *args))
+
+    def busy(self) -> bool:
+        """A speech job is computing now."""
+        return self._jobs > 0
+
+
+async def _yield_to(hops: int) -> None:
+    for _ in range(hops):
+        await asyncio.sleep(0)
+
+
+NO_LANE = CpuLane(active=False)
