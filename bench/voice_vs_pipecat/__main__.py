@@ -67,7 +67,8 @@ NOTES = [
     "core (OMP_NUM_THREADS for its CTranslate2), with faster-whisper's defaults (beam 5) on the VAD segment "
     "plus 0.5 s of silence; ours streams greedy partials with its default recogniser (`asr` above).",
     "- Piper: the same voice and piper-tts version; Pipecat's service opens the voice with onnxruntime's "
-    "default threads (one per core), ours with one; Pipecat speaks per sentence (its default aggregator).",
+    "default threads (one per core), ours with two, as speech jobs the engine waits for "
+    "(voiceagent/cpu_lane.py); Pipecat speaks per sentence (its default aggregator).",
     "- RTVI is off in Pipecat (no client); its metrics are off, as by default.",
 ]
 
