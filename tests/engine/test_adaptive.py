@@ -89,3 +89,28 @@ def test_sampled_auto_runs() -> None:
     params = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=30, seed=1)
     blocks = list(auto.new_conversation().generate([1, 2, 3], params))
     assert sum(len(b.token_ids) for b in blocks) == 30
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_the_first_block_drafts_only_where_forwards_do_not_grow_with_their_ids(
+    monkeypatch: pytest.MonkeyPatch, grow: bool
+) -> None:
+    """Compute-bound (a CPU): the first block, whose verify carries the prompt's tail, is a plain step, so
+    the first token comes as soon as it can; later blocks draft. Memory-bound (a GPU): it drafts too."""
+    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    nine_ids_s = 0.5 if grow else 0.1  # a forward of 9 ids: 5x a step, or as cheap as one
+    auto.speculation.calibrate({1: 0.100, 2: 0.100, 9: nine_ids_s}, draft_step_s=0.001)
+    auto.speculation.acceptance.value = 0.95
+    monkeypatch.setattr(auto.speculation, "record", lambda *args, **kwargs: None)
+    assert auto.speculation.forwards_grow_with_ids() is grow
+    conversation = auto.new_conversation()
+    blocks = list(conversation.generate([1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=20)))
+    assert (blocks[0].n_drafted == 0) is grow
+    assert any(block.n_drafted > 0 for block in blocks[1:])  # drafting pays on these costs
+    plain = tiny_engine("qwen2-bias", draft=None, seed=6, init_std=0.1)
+    expected = [
+        t
+        for b in plain.new_conversation().generate([1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=20))
+        for t in b.token_ids
+    ]
+    assert [t for b in blocks for t in b.token_ids] == expected
