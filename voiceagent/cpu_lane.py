@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -42,47 +43,50 @@ class CpuLane:
     def __init__(self, active: bool = True) -> None:
         self.active = active
         self._idle = threading.Condition()
-        self._jobs = 0  # speech jobs computing now
+        self._running: set[int] = set()  # the tickets of the speech jobs computing now
+        self._tickets = itertools.count(1)
 
-    def begin(self) -> None:
-        """A speech job starts (call `end` once it is done): from now on the engine's next forward waits.
-        Call it where the job is decided, before handing it to a worker thread."""
+    def begin(self) -> int:
+        """A speech job starts: returns its ticket, for `end` once it is done. From now on the engine's next
+        forward waits for it. Call it where the job is decided, before handing it to a worker thread."""
+        if not self.active:
+            return 0
+        with self._idle:
+            ticket = next(self._tickets)
+            self._running.add(ticket)
+            return ticket
+
+    def end(self, ticket: int) -> None:
         if self.active:
             with self._idle:
-                self._jobs += 1
-
-    def end(self) -> None:
-        if self.active:
-            with self._idle:
-                self._jobs -= 1
+                self._running.discard(ticket)
                 self._idle.notify_all()
 
     def run(self, call: Callable[[], Result]) -> Result:
         """`call()`, as a speech job: it starts at once, and the engine's next forward waits for its end."""
-        self.begin()
+        return self.run_begun(self.begin(), call)
+
+    def run_begun(self, ticket: int, call: Callable[[], Result]) -> Result:
+        """`call()`, as the speech job begun with `ticket` (in a worker thread)."""
         try:
             return call()
         finally:
-            self.end()
+            self.end(ticket)
 
-    def run_begun(self, call: Callable[[], Result]) -> Result:
-        """`call()`, as the speech job begun by `begin` (in a worker thread)."""
-        try:
-            return call()
-        finally:
-            self.end()
-
-    def next_of(self, items: Iterator[Item]) -> Item | None:
-        """The iterator's next item (None at its end), as the job begun by `begin`: a synthesizer renders
-        in `next`."""
-        return self.run_begun(lambda: next(items, None))
+    def next_of(self, ticket: int, items: Iterator[Item]) -> Item | None:
+        """The iterator's next item (None at its end), as the job begun with `ticket`: a synthesizer
+        renders in `next`."""
+        return self.run_begun(ticket, lambda: next(items, None))
 
     def wait_turn(self, timeout_s: float = MAX_ENGINE_WAIT_S) -> None:
-        """Called by the engine before a forward: returns once no speech job runs (or after `timeout_s`)."""
+        """Called by the engine before a forward: returns once the speech jobs running now have ended (or
+        after `timeout_s`). Jobs begun meanwhile do not lengthen the wait: with many sessions' jobs
+        overlapping, the engine still makes a forward after the longest one."""
         if not self.active:
             return
         with self._idle:
-            self._idle.wait_for(lambda: self._jobs == 0, timeout_s)
+            waiting_for = set(self._running)
+            self._idle.wait_for(lambda: not waiting_for & self._running, timeout_s)
 
     def settle(self, loop: asyncio.AbstractEventLoop) -> None:
         """Called by the engine's worker thread after handing a block to `loop`: returns once the loop has
@@ -95,12 +99,12 @@ class CpuLane:
 
     async def in_thread(self, call: Callable[..., Result], *args: object) -> Result:
         """`call(*args)` in a worker thread, as a speech job begun now."""
-        self.begin()
-        return await asyncio.to_thread(self.run_begun, functools.partial(call, *args))
+        ticket = self.begin()
+        return await asyncio.to_thread(self.run_begun, ticket, functools.partial(call, *args))
 
     def busy(self) -> bool:
         """A speech job is computing now."""
-        return self._jobs > 0
+        return bool(self._running)
 
 
 async def _yield_to(hops: int) -> None:

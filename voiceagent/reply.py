@@ -42,8 +42,8 @@ async def _next_in_thread(chunks: Iterator[np.ndarray], lane: CpuLane) -> np.nda
     """The generator's next item, computed in a TTS worker thread, in the CPU lane. If the caller is
     cancelled (barge-in), the generator is closed as soon as the thread lets go of it, which stops a TTS
     subprocess at once."""
-    lane.begin()  # here, not in the thread: the engine's next block waits from now on
-    job = _TTS_POOL.submit(lane.next_of, chunks)
+    ticket = lane.begin()  # here, not in the thread: the engine's next block waits from now on
+    job = _TTS_POOL.submit(lane.next_of, ticket, chunks)
     try:
         return await asyncio.wrap_future(job)
     except asyncio.CancelledError:
@@ -178,10 +178,8 @@ class Replier:
     async def render(self, phrase: str) -> list[np.ndarray]:
         """The whole audio of `phrase` at the output rate, synthesised in a TTS worker thread, in the lane."""
         rate = self.options.output_rate
-        self.lane.begin()
-        job = _TTS_POOL.submit(
-            self.lane.run_begun, lambda: list(synthesize_at(self.synthesizer, phrase, rate))
-        )
+        audio = lambda: list(synthesize_at(self.synthesizer, phrase, rate))  # noqa: E731
+        job = _TTS_POOL.submit(self.lane.run_begun, self.lane.begin(), audio)
         return await asyncio.wrap_future(job)
 
     def playing(self, turn: int) -> bool:

@@ -33,21 +33,35 @@ def test_the_engine_waits_while_a_speech_job_runs() -> None:
 
 def test_a_speech_job_never_waits_for_the_engine() -> None:
     lane = CpuLane()
-    lane.begin()  # e.g. a phrase's TTS, begun in the event loop
+    ticket = lane.begin()  # e.g. a phrase's TTS, begun in the event loop
     assert lane.run(lambda: "transcript") == "transcript"  # a second speech job runs at once
     waited = threading.Thread(target=lane.wait_turn)
     waited.start()
     waited.join(0.1)
     assert waited.is_alive()  # the engine still waits for the first job
-    lane.end()
+    lane.end(ticket)
     waited.join(2)
     assert not waited.is_alive()
 
 
+def test_jobs_begun_while_the_engine_waits_do_not_lengthen_its_wait() -> None:
+    """Many sessions' partials overlapping: the engine waits for the jobs running when it asked, not for
+    every job after them (it would starve)."""
+    lane = CpuLane()
+    first = lane.begin()
+    waited = threading.Thread(target=lane.wait_turn)
+    waited.start()
+    second = lane.begin()  # begun while the engine waits
+    lane.end(first)
+    waited.join(2)
+    assert not waited.is_alive() and lane.busy()  # the engine's forward starts beside the second job
+    lane.end(second)
+
+
 def test_without_a_lane_nothing_waits() -> None:
-    NO_LANE.begin()
+    ticket = NO_LANE.begin()
     NO_LANE.wait_turn(timeout_s=30)  # returns at once
-    NO_LANE.end()
+    NO_LANE.end(ticket)
     assert not NO_LANE.active and not NO_LANE.busy()
 
 
@@ -69,17 +83,17 @@ def test_the_next_block_waits_for_the_phrase_its_predecessor_ended() -> None:
         engine, conversation=RecordingConversation(engine.new_conversation(), "block", order), lane=lane
     )
 
-    def render(n: int) -> None:
+    def render(n: int, ticket: int) -> None:
         time.sleep(0.05)
         order.append(f"phrase {n}")
-        lane.end()
+        lane.end(ticket)
 
     async def reply() -> None:
         n = 0
         async for _ in llm.stream([{"role": "user", "content": "hello"}], ReplyOptions(max_tokens=6)):
             n += 1
-            lane.begin()  # as the replier does when a block ends a phrase
-            threading.Thread(target=render, args=(n,)).start()
+            ticket = lane.begin()  # as the replier does when a block ends a phrase
+            threading.Thread(target=render, args=(n, ticket)).start()
         await asyncio.sleep(0.2)
 
     asyncio.run(reply())
@@ -87,3 +101,32 @@ def test_the_next_block_waits_for_the_phrase_its_predecessor_ended() -> None:
     assert len(blocks) >= 3
     for k, (this, following) in enumerate(zip(blocks, blocks[1:], strict=False), start=1):
         assert f"phrase {k}" in order[this:following], order  # each phrase before the next block
+
+
+def test_a_session_recognises_and_speaks_as_speech_jobs_of_its_lane() -> None:
+    from tests.fakes import FakeRecognizer, FakeSynthesizer
+    from tests.voiceagent.test_session import one_turn, run
+    from voiceagent.events import TurnEnded
+
+    lane = CpuLane()
+    seen: list[tuple[str, bool]] = []
+
+    class Recognizer(FakeRecognizer):
+        def decode_partial(self):  # type: ignore[no-untyped-def]
+            seen.append(("partial", lane.busy()))
+            return super().decode_partial()
+
+        def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+            seen.append(("final", lane.busy()))
+            return super().decode_final(trailing_silence_ms)
+
+    class Synthesizer(FakeSynthesizer):
+        def synthesize(self, text: str):  # type: ignore[no-untyped-def]
+            for chunk in super().synthesize(text):
+                seen.append(("tts", lane.busy()))
+                yield chunk
+
+    h = run(one_turn, recognizer=Recognizer(), synthesizer=Synthesizer(), lane=lane)
+    assert h.of(TurnEnded) and not lane.busy()
+    assert {kind for kind, _ in seen} == {"partial", "final", "tts"}
+    assert all(busy for _, busy in seen), seen  # the engine would have waited for each of them

@@ -18,6 +18,7 @@ from tests.fakes import (
     FakeSynthesizer,
     WordChunker,
 )
+from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.events import (
     Event,
     Interrupted,
@@ -45,6 +46,7 @@ class Harness:
         recognizer: FakeRecognizer | None = None,
         synthesizer: FakeSynthesizer | None = None,
         options: SessionOptions | None = None,
+        lane: CpuLane = NO_LANE,
     ) -> None:
         self.clock = FakeClock()
         self.trace = Trace(None, "test", self.clock)
@@ -60,6 +62,7 @@ class Harness:
             clock=self.clock,
             trace=self.trace,
             options=options,
+            lane=lane,
         )
         self.events: list[Event] = []
         self.queued: dict[int, int] = {}  # turn -> samples received
