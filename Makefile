@@ -43,7 +43,8 @@ clean:
 # The main run: the engine plain and speculative (bf16 target, int4 draft, adaptive gamma), an int4 target,
 # and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores);
 # then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes) and why
-# speech jobs and the engine take turns on the CPU (Piper beside a decoding engine, ~1 min);
+# speech jobs and the engine take turns on the CPU (Piper beside a decoding engine, ~1 min) and what a forward
+# of 1..32 ids costs on llama.cpp's kernels (~1 min);
 # then reliability: 100k fuzzing messages (~2.5 min), 1,000 abrupt disconnects (~1.5 min), phone-call load
 # on fakes (~1.5 min) and concurrent conversations on the real models (~5 min); then the streaming ASR
 # figures: espeak-ng questions, real recorded speech through tiny.en, base and Moonshine (~7 min) and
@@ -54,6 +55,7 @@ bench: setup
 	$(PY) -m engine bench --dtype fp32 --gamma 4 --limit 4
 	$(PY) -m voiceagent bench
 	$(PY) -m bench.cpu_lane
+	$(PY) -m engine.bench.ggml_rows
 	$(PY) bench/fuzz.py --messages 100000
 	$(PY) -m bench.disconnects --drops 1000
 	$(PY) -m bench.load --calls 25,50,100,150,200,300 --turns 2
