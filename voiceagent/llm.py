@@ -63,6 +63,10 @@ __all__ = [  # the shared types are re-exported: every caller imports them from 
 
 END_MARKS = " \t\n.,;:!?…"  # dropped from the end of a partial before scoring its end of turn
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
+# A reply's first phrase (voiceagent/chunker.py: 4 words at most) ends within its first tokens: only those
+# blocks wait for the event loop to begin the phrase's TTS (CpuLane.settle). Later phrases have the audio
+# before them to render in, and a busy loop (many sessions) would hold every block.
+SETTLE_TOKENS = 12
 
 
 class LocalLLM:
@@ -133,10 +137,15 @@ class LocalLLM:
         arrived: asyncio.Queue[ReplyBlock | Exception] = asyncio.Queue()
         finished: asyncio.Future[None] = loop.create_future()
 
+        handed = 0  # the reply's tokens handed over so far
+
         def hand_over(item: ReplyBlock | Exception) -> None:
+            nonlocal handed
             with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
                 loop.call_soon_threadsafe(arrived.put_nowait, item)
-                self.lane.settle(loop)  # a phrase this block ends begins its TTS before the next block
+                handed += (item.n_tokens or 1) if isinstance(item, ReplyBlock) else 0
+                if handed <= SETTLE_TOKENS:  # the first phrase this block ends begins its TTS before the next
+                    self.lane.settle(loop)
 
         def finish() -> None:
             if not finished.done():
