@@ -10,8 +10,9 @@ than sharing.
 A speech job (a partial or final transcript, a phrase's audio) is what the user waits for, and it is short;
 an engine forward may be long (a prefill) and cannot be stopped halfway. So speech jobs never wait: they
 start at once (beside the forward in flight, if any) and the engine waits before its next forward (a block,
-a prefill, a score) until no speech job runs. The engine loses at most the jobs' own time; a phrase's audio
-overlaps at most the rest of one forward.
+a prefill, a score) until the jobs running when it asked have ended (jobs begun meanwhile do not lengthen
+the wait, so many sessions' jobs cannot starve it). The engine loses at most the jobs' own time; a phrase's
+audio overlaps at most the rest of one forward.
 
 Where the LLM is a local engine on the CPU, the pipeline has one `CpuLane` for its engine; with a remote LLM
 or an engine on a GPU there is none (`NO_LANE`): nothing waits.

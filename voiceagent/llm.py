@@ -174,7 +174,7 @@ class LocalLLM:
             deliver(error)
 
     def _after_speech(self, blocks: Iterator[CommittedBlock]) -> Iterator[CommittedBlock]:
-        """`blocks`, each begun once no speech job runs (voiceagent/cpu_lane.py)."""
+        """`blocks`, each begun once the speech jobs running before it have ended (voiceagent/cpu_lane.py)."""
         while True:
             self.lane.wait_turn()
             block = next(blocks, None)

@@ -68,7 +68,7 @@ class Pipeline:
             log(f"loading the engine: {settings.target} with draft {settings.draft}")
             engine = load_local_engine(settings)
         lane = engine_lane(engine)
-        # In the lane a phrase renders alone, so with every core; else beside the engine's decoding, on one.
+        # In the lane a phrase renders alone, so with two threads; else beside the engine's decoding, on one.
         threads = min(2, os.cpu_count() or 1) if lane.active else 1
         return cls(settings, asr_model, silero, load_synthesizer(settings.tts, threads=threads), engine, lane)
 
