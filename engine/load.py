@@ -13,6 +13,7 @@ import torch
 from engine.config import ModelArgs
 from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
+from engine.ggml_draft import ggml_draft_gguf
 from engine.gguf_int4 import gguf_file_of, load_gguf_int4
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
@@ -103,7 +104,7 @@ def load_engine(
         target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
         draft_model = None
         if draft_dir is not None and options.draft is not None:
-            draft_model = GgmlModel(resolve_gguf(options.draft, log=log), options.max_seq_len)
+            draft_model = GgmlModel(ggml_draft_gguf(options.draft, log=log), options.max_seq_len)
     else:
         target_model = load(options.target, target_dir, options.quant)
         draft_model = None

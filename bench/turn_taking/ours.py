@@ -27,13 +27,14 @@ import numpy as np
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
+from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike, start_utterance
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
 FRAME_NS = 20_000_000
-PARTIAL_EVERY_MS = 300  # SessionOptions.partial_every_ms
-PAUSE_MS = 100  # SessionOptions.pause_ms
+PARTIAL_EVERY_MS = SessionOptions().partial_every_ms
+PAUSE_MS = SessionOptions().pause_ms
 NEVER_MS = 60_000
 
 
