@@ -317,12 +317,14 @@ class Session:
 
     def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_all: bool) -> None:
         """A partial that returns while the user is silent and heard every word said may hold them all:
-        the reply starts on it (the pause partial then confirms it or starts it again); else the stable
-        words are fed."""
-        silent = (pause and self.partials.paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+        the reply starts on it (the pause partial then confirms it or starts it again); else, while the user
+        still speaks, the stable words are fed. Once they are quiet the pause partial is at most pause_ms
+        away, and a forward of their words now would hold up its decode and score; the reply feeds them."""
+        silence_ms = self.endpointer.silence_ms()
+        silent = (pause and self.partials.paused) or silence_ms >= self.options.pause_ms / 2
         if silent and heard_all and self.options.preemptive_reply and text:
             self.preemption.start(turn, self._with_user(text), text)
-        elif not pause:
+        elif not pause and silence_ms == 0.0:
             self.preemption.prefill(turn, self._with_user(stable), len(stable.split()))
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -325,6 +326,39 @@ def test_the_draft_is_fed_the_stable_words_while_the_user_speaks() -> None:
     assert all(draft_only for _, draft_only in h.llm.prefills)
     assert users == sorted(users, key=len) and "please tell me the time now".startswith(users[-1])
     assert all(m[:-1] == h.session.history[:1] for m, _ in h.llm.prefills)  # the history, then the words
+
+
+class HeldRecognizer(FakeRecognizer):
+    """Its partials wait until `release` is set, then hear the frames pushed by then."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.release, self.calls = threading.Event(), 0
+
+    def decode_partial(self) -> Any:
+        self.calls += 1
+        self.release.wait(5)
+        return super().decode_partial()
+
+
+@pytest.mark.parametrize("quiet_frames", [0, 1])
+def test_no_stable_words_are_fed_once_the_user_has_gone_quiet(quiet_frames: int) -> None:
+    """A partial that returns while the user still speaks feeds its stable words; one that returns after
+    they went quiet does not: the pause partial is near, and a forward then would hold up its score."""
+
+    async def scenario(h: Harness) -> None:
+        assert isinstance(h.recognizer, HeldRecognizer)
+        await h.frames(LOUD, 16)  # the first partial starts at 300 ms and is held there
+        await h.settle(lambda: h.recognizer.calls >= 1)
+        await h.frames(LOUD, 10)  # more words: that partial has not heard them all
+        await h.frames(QUIET, quiet_frames)
+        h.recognizer.release.set()
+        await h.settle(lambda: bool(h.of(TranscriptPartial)))
+        await asyncio.sleep(0.05)
+
+    h = run(scenario, recognizer=HeldRecognizer("please tell me the time now"))
+    assert h.of(TranscriptPartial)[0].stable  # it had stable words to feed
+    assert bool(h.llm.prefills) == (quiet_frames == 0)
 
 
 class SlowToStop(FakeLLM):
