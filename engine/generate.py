@@ -123,6 +123,7 @@ class Conversation:
         gamma: int | str | None = None,
         cancel: threading.Event | None = None,
         proposal: Sequence[int] = (),
+        plain_tokens: int = 0,
     ) -> Iterator[CommittedBlock]:
         """Streams committed blocks continuing `prompt_ids` (the whole conversation so far, as ids).
 
@@ -133,7 +134,13 @@ class Conversation:
         `proposal`: ids the caller expects the reply to begin with (e.g. the reply it had started to a
         slightly different prompt); the first blocks verify them as drafts (engine/proposal.py). The
         output is the same with or without one; only its speed differs.
+        `plain_tokens`: with an adaptive gamma, the first this many tokens come from plain steps where a
+        forward's cost grows with its ids (a CPU): each token then arrives as soon as it is computed, which
+        a listener waiting for a reply's first phrase needs more than throughput (a drafted block's tokens
+        all arrive at its end). On a GPU, where a verify costs about a step, drafting goes on.
         """
+        if plain_tokens < 0:
+            raise ValueError(f"plain_tokens must be >= 0, got {plain_tokens}")
         params = params or SamplingParams()
         requested = self.engine.gamma if gamma is None else gamma
         draft_length = DraftLength.parse(requested, self.engine.speculation)  # validates it
@@ -143,7 +150,8 @@ class Conversation:
         vocab = self.engine.target.args.vocab_size
         if any(not 0 <= int(i) < vocab for i in proposal):
             raise ValueError(f"a proposed id is outside the vocabulary [0, {vocab})")
-        return self._stream(prompt, params, draft_length, cancel, Proposal(proposal) if proposal else None)
+        proposed = Proposal(proposal) if proposal else None
+        return self._stream(prompt, params, draft_length, cancel, proposed, plain_tokens)
 
     def _stream(
         self,
@@ -152,11 +160,12 @@ class Conversation:
         draft_length: DraftLength,
         cancel: threading.Event | None,
         proposal: Proposal | None = None,
+        plain_tokens: int = 0,
     ) -> Iterator[CommittedBlock]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this conversation is already generating; use one conversation per stream")
         try:
-            yield from Generation(self, prompt, params, draft_length, cancel, proposal).run()
+            yield from Generation(self, prompt, params, draft_length, cancel, proposal, plain_tokens).run()
         finally:
             self._lock.release()
 

@@ -34,9 +34,10 @@ class Generation:
         draft_length: DraftLength,
         cancel: threading.Event | None,
         proposal: Proposal | None = None,
+        plain_tokens: int = 0,
     ) -> None:
         self.conv, self.params, self.draft_length, self.cancel = conv, params, draft_length, cancel
-        self.proposal = proposal
+        self.proposal, self.plain_tokens = proposal, plain_tokens
         self._from_proposal = False  # this block verifies proposed ids, not the draft's
         self.engine = conv.engine
         self.clock = self.engine.clock
@@ -89,6 +90,12 @@ class Generation:
         for, would come later for at most a token or two gained (AMD EPYC AVX2: 500-900 ms instead of
         ~400 when it drafted 2)."""
         return self.draft_length.adaptive and self.engine.speculation.forwards_grow_with_ids()
+
+    def _plain_now(self) -> bool:
+        """The block is a plain step: the first block, or one within the first `plain_tokens` tokens
+        (Conversation.generate), of an adaptive generation where forwards grow with their ids."""
+        within = self.stats.n_blocks == 0 or self.stats.n_generated < self.plain_tokens
+        return within and self._first_block_plain()
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -155,7 +162,7 @@ class Generation:
                 return self._certain(ids)
         if self.engine.ngram_drafts:
             return self._propose_ngram(limit)
-        if self.stats.n_blocks == 0 and self._first_block_plain():
+        if self._plain_now():
             return torch.empty(0, dtype=torch.long, device=device), None
         drafted: list[Tensor] = []
         probs: list[Tensor] = []

@@ -63,10 +63,12 @@ __all__ = [  # the shared types are re-exported: every caller imports them from 
 
 END_MARKS = " \t\n.,;:!?…"  # dropped from the end of a partial before scoring its end of turn
 DEFAULT_BLOCK_TIMEOUT_S = 60.0  # Settings.llm_timeout_s's default
-# A reply's first phrase (voiceagent/chunker.py: 4 words at most) ends within its first tokens: only those
-# blocks wait for the event loop to begin the phrase's TTS (CpuLane.settle). Later phrases have the audio
-# before them to render in, and a busy loop (many sessions) would hold every block.
-SETTLE_TOKENS = 12
+# A reply's first phrase (voiceagent/chunker.py: 4 words at most) ends within its first tokens. Only those
+# blocks wait for the event loop to begin the phrase's TTS (CpuLane.settle): later phrases have the audio
+# before them to render in, and a busy loop (many sessions) would hold every block. And on a CPU those
+# tokens come from plain steps (`plain_tokens`): a drafted block delivers its tokens only at its end, and
+# the first phrase waited ~600 ms more for a 5-token block (AMD EPYC AVX2, voiceagent bench, 2026-12-01).
+FIRST_PHRASE_TOKENS = 12
 
 
 class LocalLLM:
@@ -110,7 +112,9 @@ class LocalLLM:
             prompt = self._fitting_prompt(messages, room=options.max_tokens)
             params = SamplingParams(options.temperature, options.top_p, 0, options.max_tokens, options.stop,
                                     options.seed)  # fmt: skip
-            blocks = self._conversation.generate(prompt, params, cancel=cancel, proposal=proposal)
+            blocks = self._conversation.generate(
+                prompt, params, cancel=cancel, proposal=proposal, plain_tokens=FIRST_PHRASE_TOKENS
+            )
             arrived = self._start(blocks)
         except ValueError as error:
             raise LLMError(str(error)) from error
@@ -144,7 +148,7 @@ class LocalLLM:
             with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
                 loop.call_soon_threadsafe(arrived.put_nowait, item)
                 handed += (item.n_tokens or 1) if isinstance(item, ReplyBlock) else 0
-                if handed <= SETTLE_TOKENS:  # the first phrase this block ends begins its TTS before the next
+                if handed <= FIRST_PHRASE_TOKENS:  # a first phrase this block ends: its TTS begins first
                     self.lane.settle(loop)
 
         def finish() -> None:

@@ -114,3 +114,27 @@ def test_the_first_block_drafts_only_where_forwards_do_not_grow_with_their_ids(
         for t in b.token_ids
     ]
     assert [t for b in blocks for t in b.token_ids] == expected
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_the_first_plain_tokens_are_plain_steps_only_where_forwards_grow_with_their_ids(
+    monkeypatch: pytest.MonkeyPatch, grow: bool
+) -> None:
+    """`plain_tokens` (a voice reply's first phrase): on a CPU's costs every block until that many tokens
+    is a one-token plain step, then drafting resumes; on a GPU's it changes nothing. Output unchanged."""
+    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    auto.speculation.calibrate({1: 0.100, 2: 0.100, 9: 0.5 if grow else 0.1}, draft_step_s=0.001)
+    auto.speculation.acceptance.value = 0.95
+    monkeypatch.setattr(auto.speculation, "record", lambda *args, **kwargs: None)
+    prompt, params = [1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=24)
+    blocks = list(auto.new_conversation().generate(prompt, params, plain_tokens=8))
+    first_eight = blocks[:8] if grow else []
+    assert all(b.n_drafted == 0 and len(b.token_ids) == 1 for b in first_eight)
+    assert any(b.n_drafted > 0 for b in blocks[len(first_eight) :])  # drafting pays on these costs
+    if not grow:
+        assert any(b.n_drafted > 0 for b in blocks[:3])
+    plain = tiny_engine("qwen2-bias", draft=None, seed=6, init_std=0.1)
+    expected = [t for b in plain.new_conversation().generate(prompt, params) for t in b.token_ids]
+    assert [t for b in blocks for t in b.token_ids] == expected
+    with pytest.raises(ValueError, match="plain_tokens"):
+        auto.new_conversation().generate(prompt, params, plain_tokens=-1)

@@ -114,7 +114,12 @@ class StallingConversation:
         self.cancelled = threading.Event()
 
     def generate(
-        self, prompt: Sequence[int], params: Any, cancel: threading.Event, proposal: Sequence[int] = ()
+        self,
+        prompt: Sequence[int],
+        params: Any,
+        cancel: threading.Event,
+        proposal: Sequence[int] = (),
+        plain_tokens: int = 0,
     ) -> Iterator[Block]:
         self.replies += 1
         if self.replies == 1:
