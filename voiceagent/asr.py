@@ -43,12 +43,12 @@ from faster_whisper.tokenizer import Tokenizer
 from voiceagent.asr_text import collapse_repeats, drop_echo, text_key, words_of
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE
 from voiceagent.speech_models import DEFAULT_WHISPER, whisper_model_dir
+from voiceagent.stages import FINAL_MARGIN_S
 from voiceagent.utterance_audio import RING_FRAMES, UtteranceAudio
 
 __all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
 
 WHISPER_MAX_S = 30.0  # Whisper's encoder cannot see more than this at once
-FINAL_MARGIN_S = 0.1  # a partial counts as final only if it heard this much past the end of speech
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,12 @@ import numpy as np
 import onnxruntime
 import tokenizers
 
-from voiceagent.asr import FINAL_MARGIN_S, Transcript
+from voiceagent.asr import Transcript
 from voiceagent.asr_text import collapse_repeats, text_key, words_of
 from voiceagent.audio import FRAME_MS, SAMPLE_RATE
 from voiceagent.moonshine_graph import MoonshineGraphs, float_graphs
 from voiceagent.speech_models import prepare_speech_model
+from voiceagent.stages import FINAL_MARGIN_S
 from voiceagent.utterance_audio import UtteranceAudio
 
 __all__ = ["MoonshineModel", "MoonshineRecognizer", "load_moonshine"]

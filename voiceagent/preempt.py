@@ -76,6 +76,7 @@ class PreemptiveReply:
         speak_ahead: SpeakAhead | None = None,
     ) -> None:
         self.messages = [dict(message) for message in messages]
+        self.heard_until_ns = 0  # the end of the audio its partial heard (Preemption.start)
         self._given = [int(i) for i in proposal]
         self._own_ids: list[int] = []
         self._arrived: asyncio.Queue[ReplyBlock | Exception | None] = asyncio.Queue()
@@ -184,16 +185,25 @@ class Preemption:
             self.drop(turn, "the words changed")
             await reply.stopped()
 
-    def start(self, turn: int, messages: Sequence[Message], text: str) -> None:
-        """Starts the reply to `messages` (the history and the partial `text`) unless it is running; a
-        reply to other words is cancelled, its ids proposed to the new one."""
+    def start(self, turn: int, messages: Sequence[Message], text: str, heard_until_ns: int) -> None:
+        """Starts the reply to `messages` (the history and the partial `text`, which heard the audio up to
+        `heard_until_ns`) unless it is running; a reply to other words is cancelled, its ids proposed to
+        the new one."""
         if self.reply is not None and self.reply.matches(messages):
+            self.reply.heard_until_ns = max(self.reply.heard_until_ns, heard_until_ns)
             return  # the same words: keep the reply that is already running
         proposal = self.reply.proposal_ids if self.reply is not None else self._carried
         self._carried = []
         self.drop(turn, "the words changed")
         self.reply = PreemptiveReply(self.llm, messages, self.options, proposal, self.speak_ahead)
+        self.reply.heard_until_ns = heard_until_ns
         self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
+
+    def heard_all(self, heard_all: Callable[[int], bool]) -> int | None:
+        """The end of the audio heard by the partial the running reply started on, if that partial heard
+        every word said so far (`heard_all` of it): it stands in for the pause partial. Else None."""
+        reply = self.reply
+        return reply.heard_until_ns if reply is not None and heard_all(reply.heard_until_ns) else None
 
     def stream(
         self, turn: int, messages: Sequence[Message], proposal: Sequence[int]

@@ -6,8 +6,8 @@ and reports back (`audio_sent`, `audio_played`), which is how the trace knows wh
 out and how a barge-in knows what the user heard.
 
 - Partial transcripts are decoded while the user speaks and once at their pause (voiceagent/partials.py);
-  the reply starts on the pause's (voiceagent/preempt.py), its first phrase rendered too, while the
-  endpointer waits out its end-of-speech silence. At speech_end the final transcript reuses that partial;
+  the reply starts on the pause's, or on an earlier one that heard every word (voiceagent/preempt.py), its
+  first phrase rendered too, while the endpointer waits out its end-of-speech silence. The final reuses it;
   the reply is kept if it answers the same words, else restarted with the cancelled reply's ids proposed.
   CPU-heavy calls (ASR, TTS) run in worker threads, in the CPU lane with the engine (voiceagent/cpu_lane.py).
 - The reply (voiceagent/reply.py) streams committed blocks from the LLM; the chunker turns them into
@@ -47,7 +47,7 @@ from voiceagent.events import (
     TurnError,
 )
 from voiceagent.llm import LLM, ReplyBlock
-from voiceagent.partials import PartialSchedule
+from voiceagent.partials import PartialSchedule, final_trailing_ms
 from voiceagent.preempt import Preemption, PreemptiveReply, SpeakAhead
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.session_options import SessionOptions
@@ -161,7 +161,8 @@ class Session:
         silence_ms = self.endpointer.silence_ms()
         if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
             self._drop_preemption("speech resumed")
-        kind = self.partials.due(t, silence_ms, busy=self._decoding is not None)
+        heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # no pause partial then
+        kind = self.partials.due(t, silence_ms, busy=self._decoding is not None, heard=heard)
         if kind is not None:
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
 
@@ -280,8 +281,8 @@ class Session:
         self._utterance_open = False
         self._emit(SpeechEnded(edge.t_ns, self.turn, confirmed_ns=edge.confirmed_ns))
         self.trace.write(VAD_SPEECH_END, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
-        # Audio pushed after the last voiced frame, up to the frame that confirmed the end.
-        trailing_ms = (edge.confirmed_ns + FRAME_MS * 1_000_000 - edge.t_ns) / 1e6
+        stood_in_ns = self.preemption.heard_all(self.endpointing.heard_all) if self.partials.paused else None
+        trailing_ms = final_trailing_ms(edge.confirmed_ns + FRAME_MS * 1_000_000, edge.t_ns, stood_in_ns)
         self._start_reply(self._finalize_and_respond(self.turn, trailing_ms))
 
     def _start_reply(self, work: Coroutine[Any, Any, None]) -> None:
@@ -309,21 +310,21 @@ class Session:
                 self.barge_ins.heard(transcript.text, final=False)  # real words end a held reply
                 if not self.barge_ins.replying():  # no head start while a held reply may resume
                     stable, text = transcript.stable.strip(), transcript.text.strip()
-                    self._head_start(turn, stable, text, pause, heard_all)
+                    self._head_start(turn, stable, text, pause, heard_until_ns if heard_all else None)
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write(ASR_PARTIAL_ERROR, turn, message=str(error))
         finally:
             self._decoding = None
 
-    def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_all: bool) -> None:
-        """A partial that returns while the user is silent and heard every word said may hold them all:
-        the reply starts on it (the pause partial then confirms it or starts it again); else, while the user
-        still speaks, the stable words are fed. Once they are quiet the pause partial is at most pause_ms
-        away, and a forward of their words now would hold up its decode and score; the reply feeds them."""
+    def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_ns: int | None) -> None:
+        """A partial that returns in silence having heard every word said (up to `heard_ns`; None: not all)
+        starts the reply (it stands in for the pause partial, or that confirms it or starts it again); while
+        the user still speaks, its stable words are fed. Not once they are quiet: the pause partial is
+        near, and a forward then would hold up its decode and score."""
         silence_ms = self.endpointer.silence_ms()
         silent = (pause and self.partials.paused) or silence_ms >= self.options.pause_ms / 2
-        if silent and heard_all and self.options.preemptive_reply and text:
-            self.preemption.start(turn, self._with_user(text), text)
+        if silent and heard_ns is not None and self.options.preemptive_reply and text:
+            self.preemption.start(turn, self._with_user(text), text, heard_ns)
         elif not pause and silence_ms == 0.0:
             self.preemption.prefill(turn, self._with_user(stable), len(stable.split()))
 

@@ -46,10 +46,13 @@ class TranscriptLike(Protocol):
     def text(self) -> str: ...
 
 
+FINAL_MARGIN_S = 0.1  # a recogniser's final reuses its last partial if it heard this much past the speech
+
+
 class RecognizerLike(Protocol):
     """Synchronous and CPU-heavy: the session calls decode_* in worker threads. `push` takes every frame;
     before `start` it keeps them as pre-roll. `decode_final` is told how much audio after the end of
-    speech it holds, so it can reuse a partial that already heard everything."""
+    speech it holds, so it can reuse a partial that already heard everything (`FINAL_MARGIN_S` past it)."""
 
     def start(self) -> None: ...
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from voiceagent.partials import PartialSchedule
+from voiceagent.partials import PartialSchedule, final_trailing_ms
+from voiceagent.stages import FINAL_MARGIN_S
 
 MS = 1_000_000
 
@@ -30,3 +31,22 @@ def test_a_new_utterance_restarts_the_schedule() -> None:
     assert not schedule.paused
     assert schedule.due(5200 * MS, 0.0, busy=False) is None
     assert schedule.due(5300 * MS, 0.0, busy=False) == "regular"
+
+
+def test_no_pause_partial_when_a_reply_runs_on_a_partial_that_heard_every_word() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=100)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(460 * MS, 120.0, busy=False, heard=True) is None  # that partial stands in
+    assert schedule.paused  # and it counts as the pause's: none later in this silence either
+    assert schedule.due(900 * MS, 560.0, busy=False, heard=False) is None
+    assert schedule.due(920 * MS, 0.0, busy=False) == "regular"  # spoke on
+
+
+def test_the_final_is_told_what_audio_holds_no_words() -> None:
+    end, voiced = 900 * MS, 600 * MS  # the frame that confirmed the end; the last voiced frame's end
+    assert final_trailing_ms(end, voiced) == 300.0
+    # A partial that heard up to 560 ms stood in for the pause partial: everything after it, and the
+    # recogniser's margin more, so that its last pass (that partial) is the final.
+    assert final_trailing_ms(end, voiced, stood_in_ns=560 * MS) == 340.0 + 1000 * FINAL_MARGIN_S
+    assert final_trailing_ms(end, voiced, stood_in_ns=800 * MS) == 300.0  # never less than the silence

@@ -361,6 +361,41 @@ def test_no_stable_words_are_fed_once_the_user_has_gone_quiet(quiet_frames: int)
     assert bool(h.llm.prefills) == (quiet_frames == 0)
 
 
+class FinalRecorder(HeldRecognizer):
+    """A held recogniser that records what each final is told of the audio's trailing silence."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.trailing_ms: list[float] = []
+
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+        self.trailing_ms.append(trailing_silence_ms)
+        return super().decode_final(trailing_silence_ms)
+
+
+def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> None:
+    """A partial begun in the last voiced frames returns in the silence having heard every word: the reply
+    starts on it, no pause partial decodes the same words again beside that reply's prefill, and the final
+    is told that everything after that partial's audio holds no words, so that it reuses it."""
+
+    async def scenario(h: Harness) -> None:
+        assert isinstance(h.recognizer, FinalRecorder)
+        await h.frames(LOUD, 16)  # the partial starts in the last loud frame
+        await h.settle(lambda: h.recognizer.calls >= 1)
+        await h.frames(QUIET, 3)  # 60 ms of silence: it returns in the pause, having heard every word
+        h.recognizer.release.set()
+        await h.settle(lambda: "llm.preemptive_start" in _events(h))
+        await h.frames(QUIET, 12)  # past pause_ms and the end of speech
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=FinalRecorder("hello"))
+    assert h.recognizer.calls == 1, "a pause partial decoded the same words again"
+    assert _record(h, "llm.first_block")["preemptive"] is True  # the reply begun on it was kept
+    # It heard up to the end of the last loud frame (340 ms); the 10th quiet frame confirmed the end (540).
+    heard_until_ms, confirmed_end_ms = 340, 540
+    assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + 100)]
+
+
 class SlowToStop(FakeLLM):
     """Writes one block, then waits; when cancelled it takes 50 ms to clean up."""
 
