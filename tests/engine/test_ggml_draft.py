@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from engine.bundled import BUNDLED
 from engine.ggml import GgmlModel
-from engine.ggml_draft import DRAFT_GGUF_TYPE, _derived_ok, _stamp, ggml_draft_gguf, requantize
+from engine.ggml_draft import _derived_ok, _stamp, ggml_draft_gguf, requantize
 from engine.load import load_engine
 from engine.models import resolve_gguf
 from tests.support.bundled import DRAFT, TARGET, TINY, greedy_ids, question
@@ -17,6 +17,7 @@ from tests.support.bundled import DRAFT, TARGET, TINY, greedy_ids, question
 pytestmark = pytest.mark.bundled
 
 Q4_0 = GGMLQuantizationType.Q4_0
+DRAFT_GGUF_TYPE = "q4_0"  # the bundled draft's BundledModel.ggml_draft_type
 
 
 def matrix_types(path: Path) -> dict[str, GGMLQuantizationType]:
@@ -25,6 +26,7 @@ def matrix_types(path: Path) -> dict[str, GGMLQuantizationType]:
 
 
 def test_the_bundled_draft_runs_from_its_q4_0_file_and_the_target_from_its_own() -> None:
+    assert BUNDLED[DRAFT].ggml_draft_type == DRAFT_GGUF_TYPE
     path = ggml_draft_gguf(DRAFT)
     assert path != resolve_gguf(DRAFT) and path.name.endswith(f"-draft-{DRAFT_GGUF_TYPE}.gguf")
     # Every matrix but the output head (llama.cpp keeps that one at its own type) is Q4_0.
@@ -32,10 +34,11 @@ def test_the_bundled_draft_runs_from_its_q4_0_file_and_the_target_from_its_own()
     assert {t for name, t in kinds.items() if name != "output.weight"} == {Q4_0}
     assert ggml_draft_gguf(DRAFT) == path  # made once: the second call finds it
     assert ggml_draft_gguf(str(resolve_gguf(TARGET))) == resolve_gguf(TARGET)  # a path runs as it is
+    assert ggml_draft_gguf(TINY) == resolve_gguf(TINY)  # a bundled model that names no type, too
 
 
 def test_a_stale_or_damaged_draft_file_is_not_trusted(tmp_path: Path) -> None:
-    stamp = _stamp(BUNDLED[DRAFT].sha256)
+    stamp = _stamp(BUNDLED[DRAFT].sha256, DRAFT_GGUF_TYPE)
     made = tmp_path / "draft.gguf"
     made.write_bytes(b"x" * 100)
     sidecar = tmp_path / "draft.gguf.json"
