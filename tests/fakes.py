@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -209,6 +210,7 @@ class FakeRecognizer:
         self.text, self.error = text, error
         self.frames = 0
         self.utterances = 0
+        self.trailing_ms: list[float] = []  # what each final was told of the audio's trailing silence
 
     def start(self) -> None:
         self.frames = 0
@@ -222,9 +224,23 @@ class FakeRecognizer:
         return FakeTranscript(" ".join(words[:-1]), " ".join(words))
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+        self.trailing_ms.append(trailing_silence_ms)
         if self.error is not None:
             raise self.error
         return self.text
+
+
+class HeldRecognizer(FakeRecognizer):
+    """Its partials wait until `release` is set, then hear the frames pushed by then."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.release, self.calls = threading.Event(), 0
+
+    def decode_partial(self) -> FakeTranscript:
+        self.calls += 1
+        self.release.wait(5)
+        return super().decode_partial()
 
 
 class FakeLLM:

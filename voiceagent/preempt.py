@@ -74,9 +74,10 @@ class PreemptiveReply:
         options: ReplyOptions,
         proposal: Sequence[int] = (),
         speak_ahead: SpeakAhead | None = None,
+        heard_until_ns: int = 0,
     ) -> None:
         self.messages = [dict(message) for message in messages]
-        self.heard_until_ns = 0  # the end of the audio its partial heard (Preemption.start)
+        self.heard_until_ns = heard_until_ns  # the end of the audio its partial heard
         self._given = [int(i) for i in proposal]
         self._own_ids: list[int] = []
         self._arrived: asyncio.Queue[ReplyBlock | Exception | None] = asyncio.Queue()
@@ -195,8 +196,9 @@ class Preemption:
         proposal = self.reply.proposal_ids if self.reply is not None else self._carried
         self._carried = []
         self.drop(turn, "the words changed")
-        self.reply = PreemptiveReply(self.llm, messages, self.options, proposal, self.speak_ahead)
-        self.reply.heard_until_ns = heard_until_ns
+        self.reply = PreemptiveReply(
+            self.llm, messages, self.options, proposal, self.speak_ahead, heard_until_ns
+        )
         self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
 
     def heard_all(self, heard_all: Callable[[int], bool]) -> int | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from tests.fakes import (
     FakeProposingLLM,
     FakeRecognizer,
     FakeSynthesizer,
+    HeldRecognizer,
     WordChunker,
 )
 from voiceagent.cpu_lane import NO_LANE, CpuLane
@@ -328,19 +328,6 @@ def test_the_draft_is_fed_the_stable_words_while_the_user_speaks() -> None:
     assert all(m[:-1] == h.session.history[:1] for m, _ in h.llm.prefills)  # the history, then the words
 
 
-class HeldRecognizer(FakeRecognizer):
-    """Its partials wait until `release` is set, then hear the frames pushed by then."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.release, self.calls = threading.Event(), 0
-
-    def decode_partial(self) -> Any:
-        self.calls += 1
-        self.release.wait(5)
-        return super().decode_partial()
-
-
 @pytest.mark.parametrize("quiet_frames", [0, 1])
 def test_no_stable_words_are_fed_once_the_user_has_gone_quiet(quiet_frames: int) -> None:
     """A partial that returns while the user still speaks feeds its stable words; one that returns after
@@ -361,25 +348,13 @@ def test_no_stable_words_are_fed_once_the_user_has_gone_quiet(quiet_frames: int)
     assert bool(h.llm.prefills) == (quiet_frames == 0)
 
 
-class FinalRecorder(HeldRecognizer):
-    """A held recogniser that records what each final is told of the audio's trailing silence."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.trailing_ms: list[float] = []
-
-    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
-        self.trailing_ms.append(trailing_silence_ms)
-        return super().decode_final(trailing_silence_ms)
-
-
 def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> None:
     """A partial begun in the last voiced frames returns in the silence having heard every word: the reply
     starts on it, no pause partial decodes the same words again beside that reply's prefill, and the final
     is told that everything after that partial's audio holds no words, so that it reuses it."""
 
     async def scenario(h: Harness) -> None:
-        assert isinstance(h.recognizer, FinalRecorder)
+        assert isinstance(h.recognizer, HeldRecognizer)
         await h.frames(LOUD, 16)  # the partial starts in the last loud frame
         await h.settle(lambda: h.recognizer.calls >= 1)
         await h.frames(QUIET, 3)  # 60 ms of silence: it returns in the pause, having heard every word
@@ -388,7 +363,7 @@ def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> No
         await h.frames(QUIET, 12)  # past pause_ms and the end of speech
         await h.settle(lambda: bool(h.of(TurnEnded)))
 
-    h = run(scenario, recognizer=FinalRecorder("hello"))
+    h = run(scenario, recognizer=HeldRecognizer("hello"))
     assert h.recognizer.calls == 1, "a pause partial decoded the same words again"
     assert _record(h, "llm.first_block")["preemptive"] is True  # the reply begun on it was kept
     # It heard up to the end of the last loud frame (340 ms); the 10th quiet frame confirmed the end (540).
