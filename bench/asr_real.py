@@ -42,13 +42,14 @@ from bench.asr_real_report import machine, write_report
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, mulaw_encode, resample
 from voiceagent.gateway.inbound import InboundAudio
 from voiceagent.real_speech import CLIPS, RealClip, load_clips
+from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike
 from voiceagent.vad import Endpointer, load_silero
 from voiceagent.wer import normalized_words, word_error_rate
 
 MODELS = ("tiny.en", "base", "moonshine-base")
 LEAD_S, TRAIL_S = 0.5, 1.0
-PARTIAL_EVERY_MS, PAUSE_MS = 300, 100  # SessionOptions' defaults
+PARTIAL_EVERY_MS, PAUSE_MS = SessionOptions().partial_every_ms, SessionOptions().pause_ms
 FRAME_NS = FRAME_MS * 1_000_000
 
 
