@@ -7,12 +7,12 @@ Each clip of voiceagent/real_speech.py (LibriVox, spoken cards, JFK, CMU ARCTIC;
 models prepare`) is framed in 0.5 s of silence before and 1 s after, then pushed 20 ms at a time, on a
 simulated clock that runs at the audio's pace, into Silero's `Endpointer` (voiceagent/vad.py, default
 options: the fixed 320 ms end silence, the session's rule without end-of-turn scores) and a recogniser,
-scheduled as voiceagent/session.py schedules them: `start()` at speech_start, a
-partial every 300 ms while the user speaks (none while one is running), one more once they pause (100 ms of
-silence), and at speech_end `decode_final(trailing_ms)` with the session's `trailing_ms`. Decodes run
-synchronously and take real time: the clock jumps by their wall time, as a worker thread would keep the next
-partial (and the final) waiting. A clip the endpointer splits into several utterances is scored on its
-finals joined in order (the count of utterances is reported).
+scheduled as voiceagent/session.py schedules them: `start()` at speech_start, partials on the session's
+`PartialSchedule` (every 300 ms while the user speaks, none while one is running, two once they pause: at
+32 and 128 ms of silence), and at speech_end `decode_final(trailing_ms)` with the session's `trailing_ms`.
+Decodes run synchronously and take real time: the clock jumps by their wall time, as a worker thread would
+keep the next partial (and the final) waiting. A clip the endpointer splits into several utterances is scored
+on its finals joined in order (the count of utterances is reported).
 
 Paths: "wideband" (16 kHz as recorded) and "phone" (the clip resampled to 8 kHz, mu-law encoded, decoded and
 upsampled back to 16 kHz by the Twilio gateway's own `InboundAudio`, 20 ms chunks as Twilio sends them).
@@ -41,6 +41,7 @@ import numpy as np
 from bench.asr_real_report import machine, write_report
 from voiceagent.audio import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, mulaw_encode, resample
 from voiceagent.gateway.inbound import InboundAudio
+from voiceagent.partials import PartialSchedule
 from voiceagent.real_speech import CLIPS, RealClip, load_clips
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike
@@ -49,7 +50,12 @@ from voiceagent.wer import normalized_words, word_error_rate
 
 MODELS = ("tiny.en", "base", "moonshine-base")
 LEAD_S, TRAIL_S = 0.5, 1.0
-PARTIAL_EVERY_MS, PAUSE_MS = SessionOptions().partial_every_ms, SessionOptions().pause_ms
+SCHEDULE = SessionOptions()  # the session's partial schedule (voiceagent/partials.py)
+PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS = (
+    SCHEDULE.partial_every_ms,
+    SCHEDULE.pause_ms,
+    SCHEDULE.late_pause_ms,
+)
 FRAME_NS = FRAME_MS * 1_000_000
 
 
@@ -101,7 +107,7 @@ def stream_clip(recognizer: RecognizerLike, audio: np.ndarray) -> ClipRun:
     """One clip streamed as live through a fresh Endpointer and `recognizer` (see the module docstring)."""
     run, endpointer = ClipRun(), Endpointer(model=load_silero())
     timed = Timed(run)
-    speaking, paused, last_partial_ns = False, False, 0
+    schedule, speaking = PartialSchedule(PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS), False
     for i, frame in enumerate(framed(audio)):
         t_ns = i * FRAME_NS  # the frame's start; it has arrived by its end
         now_ns = t_ns + FRAME_NS
@@ -109,7 +115,8 @@ def stream_clip(recognizer: RecognizerLike, audio: np.ndarray) -> ClipRun:
         for edge in endpointer.push(frame, t_ns):
             if edge.kind == "speech_start":
                 recognizer.start()
-                speaking, paused, last_partial_ns = True, False, edge.confirmed_ns
+                speaking = True
+                schedule.start_utterance(edge.confirmed_ns)
             else:
                 speaking = False
                 trailing_ms = (edge.confirmed_ns + FRAME_NS - edge.t_ns) / 1e6
@@ -117,18 +124,9 @@ def stream_clip(recognizer: RecognizerLike, audio: np.ndarray) -> ClipRun:
                 run.finals.append(str(text).strip())
                 run.final_latency_ms.append((done_ns - now_ns) / 1e6)
                 run.final_wait_ms.append(timed.waited_ms)
-        silence_ms = endpointer.silence_ms() if speaking else 0.0
-        if silence_ms == 0.0:  # the user spoke on
-            paused = False
-        if not speaking or timed.busy_until_ns > now_ns:
+        if not speaking:
             continue
-        if silence_ms >= PAUSE_MS:
-            if not paused:
-                paused = True
-                timed(now_ns, recognizer.decode_partial)
-                run.partials += 1
-        elif t_ns - last_partial_ns >= PARTIAL_EVERY_MS * 1_000_000:
-            last_partial_ns = t_ns
+        if schedule.due(t_ns, endpointer.silence_ms(), busy=timed.busy_until_ns > now_ns) is not None:
             timed(now_ns, recognizer.decode_partial)
             run.partials += 1
     return run

@@ -22,7 +22,10 @@
     VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (2000); VOICEAGENT_TURN_PENDING_SILENCE_MS (500): the least wait
     while the latest words are not scored yet; VOICEAGENT_TURN_HEARD_SLACK_MS (80): how far before the last
     voiced chunk a partial's audio may end and still count as hearing every word; VOICEAGENT_TURN_DIGITS_WAIT
-    (1: words ending in a digit, a number being dictated, wait as incomplete) (voiceagent/turn_taking.py).
+    (1: words ending in a digit, a number being dictated, wait as incomplete);
+    VOICEAGENT_TURN_EARLY_COMPLETE_SCORE (0.6): the score a partial that heard less than
+    VOICEAGENT_TURN_SETTLED_SILENCE_MS (100) of silence after the words needs to end the turn quickly
+    (voiceagent/turn_taking.py).
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
     VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
                              `?token=KEY`)
@@ -99,6 +102,8 @@ class Settings(BaseSettings):
     turn_pending_silence_ms: int = Field(500, ge=0, le=5000)
     turn_heard_slack_ms: int = Field(80, ge=0, le=500)
     turn_digits_wait: bool = True
+    turn_settled_silence_ms: int = Field(100, ge=0, le=1000)
+    turn_early_complete_score: float = Field(0.6, gt=0, le=1)
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
     # The gateway (`voiceagent serve`).
     host: str = "127.0.0.1"

@@ -66,7 +66,10 @@ class ScoredEndpointing:
 
     async def score(self, turn: int, messages: Sequence[Message], heard_until_ns: int) -> None:
         """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio)."""
-        if self.scorer is None or self.wait is None or not messages[-1]["content"].strip():
+        if self.scorer is None or self.wait is None:
+            return
+        if not messages[-1]["content"].strip():  # it heard every word said, and there was none
+            self.wait.heard_no_words(heard_until_ns)
             return
         started = self.clock.now_ns()
         words = _words(messages[-1]["content"])

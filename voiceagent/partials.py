@@ -1,11 +1,16 @@
 """When a session decodes a partial transcript: on a schedule while the user speaks, once when they pause.
 
-While the user speaks, a partial every `partial_every_ms`; once they have been silent `pause_ms`, one more
-(the pause partial: it hears the whole utterance, so the reply may start on it and the final reuse it);
-then none until they speak again, since a partial started in the silence would not hear the end and would
-hold back the pause's. One partial at a time: `PartialSchedule` only says which to start, given that none
-is in flight. A partial that returned in the silence having heard every word, and started the reply,
-stands in for the pause partial (voiceagent/session.py).
+While the user speaks, a partial every `partial_every_ms`. Once they have been silent `pause_ms` (32: the
+first chunk Silero scores silent), the pause partial: it hears the whole utterance, so its score may end
+the turn at once, the reply may start on it and the final reuse it. Once they have been silent
+`late_pause_ms` (128; 0: none), a second one, if the turn has not ended by then: the recogniser punctuates
+what it heard by the silence after it ("Pack a toothbrush a towel" at 32 ms, "Pack a toothbrush, a towel,"
+at 128), and that comma tells a list in progress from a finished request. A turn whose words scored
+complete ends before it is due. No partial between them or after them until the user speaks again: it
+would hear nothing new. One partial at a time: `PartialSchedule` only says which to start, given that none
+is in flight; one that was due while another ran starts as soon as that returns, and counts for every
+pause stage its silence has passed. A partial that returned in the silence having heard every word, and
+started the reply, stands in for the first pause partial (voiceagent/session.py), not for the late one.
 """
 
 from __future__ import annotations
@@ -22,27 +27,37 @@ PartialKind = Literal["regular", "pause"]
 class PartialSchedule:
     """One session's partial schedule (see the module docstring); times in ns, silences in ms."""
 
-    def __init__(self, partial_every_ms: int, pause_ms: int) -> None:
+    def __init__(self, partial_every_ms: int, pause_ms: int, late_pause_ms: int = 0) -> None:
+        if late_pause_ms and late_pause_ms <= pause_ms:
+            raise ValueError(f"late_pause_ms ({late_pause_ms}) must exceed pause_ms ({pause_ms}), or be 0")
         self.partial_every_ms, self.pause_ms = partial_every_ms, pause_ms
+        self._stages = (pause_ms, late_pause_ms) if late_pause_ms else (pause_ms,)
         self.start_utterance(0)
 
     def start_utterance(self, t_ns: int) -> None:
         """Speech started (confirmed) at `t_ns`: the first regular partial is due partial_every_ms later."""
-        self.paused = False  # the user is silent and the pause partial was started
         self._last_ns = t_ns
+        self._stages_done = 0  # pause stages of this silence started (or stood in for)
+
+    @property
+    def paused(self) -> bool:
+        """The user is silent and a pause partial was started (or stood in for) in this silence."""
+        return self._stages_done > 0
 
     def due(self, t_ns: int, silence_ms: float, busy: bool, heard: bool = False) -> PartialKind | None:
         """The partial to start at the frame of `t_ns` (`silence_ms`: the endpointer's; `busy`: a partial
         is in flight), or None. `heard`: the last partial heard every word said and a reply runs on it,
-        so the pause partial would add nothing but a decode beside that reply's prefill: there is none."""
+        so the first pause partial would add nothing but a decode beside that reply's prefill: there is
+        none (the late one is still due)."""
         if silence_ms == 0.0:
-            self.paused = False
-        if silence_ms >= self.pause_ms:
-            if self.paused or busy:
+            self._stages_done = 0
+        if silence_ms > 0.0:
+            passed = sum(1 for stage in self._stages if silence_ms >= stage)
+            if busy or passed <= self._stages_done:
                 return None
-            self.paused = True
+            self._stages_done = 1 if heard else passed
             return None if heard else "pause"
-        if silence_ms > 0.0 or busy or t_ns - self._last_ns < self.partial_every_ms * 1_000_000:
+        if busy or t_ns - self._last_ns < self.partial_every_ms * 1_000_000:
             return None
         self._last_ns = t_ns
         return "regular"

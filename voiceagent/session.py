@@ -103,7 +103,9 @@ class Session:
         self._utterance_start_ns = 0
         self._cut_turn = 0  # an utterance cut off at max_turn_s: its speech_end is not answered
         self._decoding: asyncio.Task[None] | None = None
-        self.partials = PartialSchedule(self.options.partial_every_ms, self.options.pause_ms)
+        self.partials = PartialSchedule(
+            self.options.partial_every_ms, self.options.pause_ms, self.options.late_pause_ms
+        )
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
         self.endpointing = ScoredEndpointing(llm, endpointer, self.options.turn_taking, clock, trace)
@@ -161,7 +163,8 @@ class Session:
         silence_ms = self.endpointer.silence_ms()
         if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
             self._drop_preemption("speech resumed")
-        heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # no pause partial then
+        # A reply on a regular partial that heard every word stands in for the first pause partial.
+        heard = not self.partials.paused and self.preemption.heard_all(self.endpointing.heard_all) is not None
         kind = self.partials.due(t, silence_ms, busy=self._decoding is not None, heard=heard)
         if kind is not None:
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))

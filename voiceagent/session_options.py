@@ -21,7 +21,11 @@ class SessionOptions:
     output_rate: int = 16000  # the transport's rate for the agent's audio
     partial_every_ms: int = 300  # partial transcripts while the user speaks
     echo_guard: bool = False  # phone lines: raise the VAD bar while the agent speaks
-    pause_ms: int = 100  # silence after which one partial hears the whole utterance (< the end silence)
+    # Silence after which a partial hears the whole utterance (Silero scores 32 ms chunks, so 32 is its first
+    # silent chunk), and after which a second one hears it with the silence that punctuates it (0: none;
+    # voiceagent/partials.py). Both below the shortest end-of-turn wait.
+    pause_ms: int = 32
+    late_pause_ms: int = 128
     preemptive_reply: bool = True  # start the reply on that partial, before speech_end
     speak_ahead: bool = True  # and render that reply's first phrase before it is adopted
     prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come

@@ -9,12 +9,22 @@ this process) each partial transcript gets P(turn complete) from the draft model
 - score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (2000),
   then end the turn anyway (they may have finished after all).
 - in between: a wait between the two, log-linear in the score.
+- a score from a partial that heard less than `settled_silence_ms` (100) of silence after the words (the
+  pause partial at the first silent chunk) ends the turn after `complete_silence_ms` only at or above
+  `early_complete_score` (0.6); between the two scores the wait is at least `pending_silence_ms`, time
+  for the late pause partial (voiceagent/partials.py), which hears the silence and often a mark it
+  implies ("Pack a toothbrush a towel" becomes "Pack a toothbrush, a towel,"), to be decoded and
+  scored. A recogniser that has heard little silence misreads more, and a misread fragment may look
+  finished ("Call me Mercandlier of heaven." 0.51, for "Call me back on zero seven ..." paused in).
 - words heard after the scored ones (the user spoke on after the partial's audio, by more than
   `heard_slack_ms`, 80): never less than `pending_silence_ms` (500), long enough for the partial at the
   pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
   not end the turn on its own.
 - words ending in two or more digits or digits' words (a number being dictated, paused in): as
   incomplete (`digits_wait`).
+- a partial that heard every word said and found none (a breath, a cough, a first word too short to read
+  yet): `incomplete_silence_ms` until words are scored. Nothing would be answered yet, and a pause just
+  after the first word must not end the turn on the pending wait.
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
@@ -49,20 +59,24 @@ class TurnTakingOptions:
     # Words that end in a digit may be a number being dictated ("call me back on 0 7 ..."), which people
     # pause inside and a language model cannot tell from a finished one: they wait as if incomplete.
     digits_wait: bool = True
+    # A partial that heard less silence than this after the words must score early_complete_score to end
+    # the turn quickly (see the module docstring).
+    settled_silence_ms: int = 100
+    early_complete_score: float = 0.6
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.incomplete_score < self.complete_score <= 1.0:
+        if not 0.0 < self.incomplete_score < self.complete_score <= self.early_complete_score <= 1.0:
             raise ValueError(
-                "turn-taking scores need 0 < incomplete_score < complete_score <= 1, got "
-                f"{self.incomplete_score} and {self.complete_score}"
+                "turn-taking scores need 0 < incomplete_score < complete_score <= early_complete_score <= 1, "
+                f"got {self.incomplete_score}, {self.complete_score} and {self.early_complete_score}"
             )
         waits = (self.complete_silence_ms, self.pending_silence_ms, self.incomplete_silence_ms)
-        others = (waits[1], self.fallback_silence_ms, self.heard_slack_ms)
+        others = (waits[1], self.fallback_silence_ms, self.heard_slack_ms, self.settled_silence_ms)
         if not 0 <= waits[0] <= waits[2] or min(others) < 0:
             raise ValueError(
                 "turn-taking waits need 0 <= complete_silence_ms <= incomplete_silence_ms and "
-                f"non-negative pending, fallback and slack times, got {waits} and {others[1:]}"
+                f"non-negative pending, fallback, slack and settled times, got {waits} and {others[1:]}"
             )
 
     @classmethod
@@ -75,6 +89,8 @@ class TurnTakingOptions:
             pending_silence_ms=settings.turn_pending_silence_ms,
             heard_slack_ms=settings.turn_heard_slack_ms,
             digits_wait=settings.turn_digits_wait,
+            settled_silence_ms=settings.turn_settled_silence_ms,
+            early_complete_score=settings.turn_early_complete_score,
             fallback_silence_ms=settings.end_silence_ms,
         )
 
@@ -132,6 +148,7 @@ class EndOfTurnWait:
         self._score: float | None = None
         self._heard_until_ns = -1
         self._unscorable = False
+        self._no_words_until_ns: int | None = None  # the audio end of a partial that heard no words
 
     def scored(self, score: float | None, heard_until_ns: int, text: str = "") -> None:
         """A partial's score: `heard_until_ns`, the end of the audio that partial decoded (the time of the
@@ -145,9 +162,23 @@ class EndOfTurnWait:
             score = min(score, self.options.incomplete_score)
         self._score, self._heard_until_ns, self._unscorable = score, heard_until_ns, False
 
+    def heard_no_words(self, heard_until_ns: int) -> None:
+        """A partial that decoded the audio up to `heard_until_ns` and found no words: until words are
+        scored, and while it still heard everything, the wait is `incomplete_silence_ms`."""
+        if self._score is None:
+            self._no_words_until_ns = heard_until_ns
+
     def wait_ms(self, last_voiced_ns: int) -> int:
         """The silence that ends the turn, given the endpointer's `last_voiced_ns()`."""
         if self._score is None:
+            silent = self._no_words_until_ns
+            if silent is not None and heard_all(silent, last_voiced_ns, self.options):
+                return self.options.incomplete_silence_ms
             return self.options.fallback_silence_ms if self._unscorable else self.options.pending_silence_ms
-        heard = heard_all(self._heard_until_ns, last_voiced_ns, self.options)
-        return end_silence_ms(self._score, self.options, heard_all=heard)
+        options = self.options
+        heard = heard_all(self._heard_until_ns, last_voiced_ns, options)
+        wait = end_silence_ms(self._score, options, heard_all=heard)
+        settled = self._heard_until_ns - last_voiced_ns >= options.settled_silence_ms * 1_000_000
+        if not settled and options.complete_score <= self._score < options.early_complete_score:
+            return max(wait, options.pending_silence_ms)
+        return wait

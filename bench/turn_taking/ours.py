@@ -1,9 +1,11 @@
 """Our turn-taking on a clip: the real components, in the order and at the pace the session runs them.
 
 `record` streams a clip frame by frame through `Endpointer` (Silero VAD), the session's recogniser
-(VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (the bundled draft model): a partial every 300
-ms while the user speaks (none once they are silent) and one at 100 ms of silence, each partial's whole guess
-(`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in the session).
+(VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (the bundled draft model), on the session's
+schedule (`PartialSchedule` with `SessionOptions`' times: a partial every 300 ms while the user speaks, pause
+partials at 32 and 128 ms of silence, the first not while a reply runs on a regular partial that returned in
+the silence having heard every word, as in the session), each partial's whole guess (`Transcript.text`)
+scored at once (the same words as the last partial's keep its score, as in the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
@@ -27,6 +29,7 @@ import numpy as np
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
+from voiceagent.partials import PartialSchedule
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike, start_utterance
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
@@ -35,6 +38,7 @@ from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 FRAME_NS = 20_000_000
 PARTIAL_EVERY_MS = SessionOptions().partial_every_ms
 PAUSE_MS = SessionOptions().pause_ms
+LATE_PAUSE_MS = SessionOptions().late_pause_ms
 NEVER_MS = 60_000
 
 
@@ -90,34 +94,59 @@ async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_p
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
     )  # type: ignore[arg-type]
     voiced_until = _last_voiced_by_frame(clip)
-    busy_until_ns, last_partial_ns, paused = 0, 0, False
+    schedule = PartialSchedule(PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS)
+    reply = _StandIn()
+    busy_until_ns = 0
     for i, frame in enumerate(frames(_audio(clip.path))):
         t = i * FRAME_NS
         recognizer.push(frame)
         for edge in endpointer.push(frame, t):
             if edge.kind == "speech_start" and rec.speech_start_ns is None:
-                rec.speech_start_ns, last_partial_ns = edge.t_ns, edge.confirmed_ns
+                rec.speech_start_ns = edge.t_ns
+                schedule.start_utterance(edge.confirmed_ns)
                 start_utterance(recognizer, over_reply=clip.kind == "backchannel")  # as the session does
-        if rec.speech_start_ns is None or t < busy_until_ns:
+        if rec.speech_start_ns is None:
             continue
         silence_ms = endpointer.silence_ms()
-        if silence_ms == 0.0:
-            paused = False
-        if silence_ms >= PAUSE_MS:
-            if paused:
-                continue
-            paused = pause = True
-        elif silence_ms == 0.0 and t - last_partial_ns >= PARTIAL_EVERY_MS * 1_000_000:
-            last_partial_ns, pause = t, False  # (none once silent: it would hold back the pause's)
-        else:
+        heard = reply.update(t, silence_ms, endpointer.last_voiced_ns()) and not schedule.paused
+        kind = schedule.due(t, silence_ms, busy=t < busy_until_ns, heard=heard)
+        if kind is None:
             continue
         last = rec.scored[-1] if rec.scored else None
+        pause = kind == "pause"
         scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until)
         rec.scored.append(scored)
+        reply.returned(scored)
         busy_until_ns = scored.known_ns
     if rec.speech_start_ns is not None:
         rec.final_text = recognizer.decode_final(1000.0)
     return rec
+
+
+class _StandIn:
+    """The session's preemptive reply on a regular partial, as far as the schedule sees it: started when
+    a partial that heard every word returns in the silence (at its `known_ns`), dropped when the user
+    speaks on. While it runs on a partial that still heard every word, the first pause partial is not
+    decoded."""
+
+    def __init__(self) -> None:
+        self._returning: Scored | None = None
+        self._heard_until_ns: int | None = None
+
+    def returned(self, scored: Scored) -> None:
+        self._returning = None if scored.skipped or not scored.text.strip() else scored
+
+    def update(self, t_ns: int, silence_ms: float, last_voiced_ns: int) -> bool:
+        """At the frame of `t_ns`: whether a reply runs on a partial that heard every word said."""
+        if silence_ms == 0.0:
+            self._heard_until_ns = None
+        returning = self._returning
+        if returning is not None and returning.known_ns <= t_ns:
+            self._returning = None
+            if returning.pause or silence_ms >= PAUSE_MS / 2:  # as `VoiceSession._head_start`
+                self._heard_until_ns = returning.heard_until_ns
+        heard_until = self._heard_until_ns
+        return heard_until is not None and heard_all(heard_until, last_voiced_ns)
 
 
 async def _partial(
@@ -183,8 +212,12 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
         t = i * FRAME_NS
         while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
             known = pending[n_known]
-            if known.text.strip() and not known.skipped:  # as the session: these are not scored
+            if known.skipped:  # as the session: these are not scored
+                pass
+            elif known.text.strip():
                 wait.scored(known.score, known.heard_until_ns, known.text)
+            else:
+                wait.heard_no_words(known.heard_until_ns)
             n_known += 1
         if wait is not None and endpointer.speaking():
             endpointer.set_end_silence_ms(wait.wait_ms(endpointer.last_voiced_ns()))

@@ -159,3 +159,22 @@ def test_partials_that_did_not_hear_the_end_are_neither_scored_nor_answered() ->
     partials = [r for r in h.trace.records if r["event"] == "asr.partial"]
     assert len(partials) >= len(llm.scored) + 3  # the regular partials still ran, unscored
     assert endpoint_wait_ms(h) < 700  # the score of the pause partial ended it, not the pending wait
+
+
+def test_a_pause_before_the_first_word_is_readable_keeps_the_turn_open() -> None:
+    """ "Could" ... 0.8 s ... "you call my sister": the pause partials hear too little to read a word, and
+    nothing would be answered, so the turn waits as if incomplete instead of the shorter pending wait."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 8)  # under the fake's 10 voiced frames a word
+        await h.frames(QUIET, 40)  # 800 ms: longer than the pending wait (700 here)
+        await h.frames(LOUD, 50)
+        await h.frames(QUIET, 40)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+
+    llm = ScoringLLM()
+    recognizer = VoicedWordsRecognizer("could you call my sister")
+    h = run(scenario, llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
+    assert len(h.of(SpeechEnded)) == 1, "the pause before the first readable word ended the turn"
+    assert [e.text for e in h.of(TranscriptFinal)] == ["could you call my sister"]

@@ -1,6 +1,8 @@
-"""The partial schedule: regular partials while the user speaks, one at the pause, none in the silence."""
+"""The partial schedule: regular partials while the user speaks, one at the pause and one later in it."""
 
 from __future__ import annotations
+
+import pytest
 
 from voiceagent.partials import PartialSchedule, final_trailing_ms
 from voiceagent.stages import FINAL_MARGIN_S
@@ -41,6 +43,44 @@ def test_no_pause_partial_when_a_reply_runs_on_a_partial_that_heard_every_word()
     assert schedule.paused  # and it counts as the pause's: none later in this silence either
     assert schedule.due(900 * MS, 560.0, busy=False, heard=False) is None
     assert schedule.due(920 * MS, 0.0, busy=False) == "regular"  # spoke on
+
+
+def test_a_late_pause_partial_hears_the_silence_after_the_words() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(420 * MS, 32.0, busy=False) == "pause"  # the first silent chunk
+    assert schedule.paused
+    assert schedule.due(440 * MS, 64.0, busy=False) is None
+    assert schedule.due(500 * MS, 128.0, busy=True) is None  # the first is still decoding ...
+    assert schedule.due(560 * MS, 160.0, busy=False) == "pause"  # ... the late one right after it
+    assert schedule.due(900 * MS, 500.0, busy=False) is None  # two per pause, no more
+    assert schedule.due(920 * MS, 0.0, busy=False) == "regular"  # spoke on
+    assert schedule.due(960 * MS, 32.0, busy=False) == "pause"  # a new pause: both again
+
+
+def test_a_late_partial_is_the_only_one_when_the_first_was_due_while_busy() -> None:
+    """A partial that starts once the silence passed both stages counts for both: one decode, not two."""
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(360 * MS, 32.0, busy=True) is None
+    assert schedule.due(520 * MS, 160.0, busy=False) == "pause"
+    assert schedule.due(540 * MS, 192.0, busy=False) is None
+
+
+def test_a_partial_that_heard_every_word_stands_in_for_the_first_pause_partial_only() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(420 * MS, 64.0, busy=False, heard=True) is None  # it stands in for the first
+    assert schedule.paused
+    assert schedule.due(480 * MS, 128.0, busy=False) == "pause"  # the late one hears the silence too
+
+
+def test_the_late_pause_must_come_after_the_first() -> None:
+    with pytest.raises(ValueError, match="late_pause_ms"):
+        PartialSchedule(partial_every_ms=300, pause_ms=128, late_pause_ms=32)
 
 
 def test_the_final_is_told_what_audio_holds_no_words() -> None:

@@ -31,6 +31,7 @@ from voiceagent.events import (
     TurnError,
 )
 from voiceagent.session import Session, SessionOptions
+from voiceagent.stages import FINAL_MARGIN_S
 from voiceagent.trace import Trace, turn_latencies_ms
 
 LOUD = np.full(320, 5000, dtype=np.int16)
@@ -363,12 +364,14 @@ def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> No
         await h.frames(QUIET, 12)  # past pause_ms and the end of speech
         await h.settle(lambda: bool(h.of(TurnEnded)))
 
-    h = run(scenario, recognizer=HeldRecognizer("hello"))
+    # Without the late pause partial (due at 128 ms, before this fake endpointer's 200 ms end of speech).
+    h = run(scenario, recognizer=HeldRecognizer("hello"), options=SessionOptions(late_pause_ms=0))
     assert h.recognizer.calls == 1, "a pause partial decoded the same words again"
     assert _record(h, "llm.first_block")["preemptive"] is True  # the reply begun on it was kept
     # It heard up to the end of the last loud frame (340 ms); the 10th quiet frame confirmed the end (540).
     heard_until_ms, confirmed_end_ms = 340, 540
-    assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + 100)]
+    margin_ms = 1000 * FINAL_MARGIN_S
+    assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + margin_ms)]
 
 
 class SlowToStop(FakeLLM):

@@ -71,3 +71,32 @@ def test_digits_spelled_as_words_wait_as_a_number_being_dictated() -> None:
         wait.start_utterance()
         wait.scored(0.9, heard_until_ns=10_000, text=text)
         assert wait.wait_ms(last_voiced_ns=9_000) == OPTIONS.complete_silence_ms, text
+
+
+def test_a_partial_that_heard_no_words_keeps_the_turn_open() -> None:
+    """A pause just after the first word, decoded before the recogniser can read it: nothing would be
+    answered, so the turn waits as if incomplete (not the pending wait), until words are scored."""
+    wait = EndOfTurnWait()
+    wait.heard_no_words(heard_until_ns=1_000_000_000)
+    assert wait.wait_ms(last_voiced_ns=990_000_000) == OPTIONS.incomplete_silence_ms
+    assert wait.wait_ms(last_voiced_ns=1_500_000_000) == OPTIONS.pending_silence_ms  # spoke on since
+    wait.scored(0.9, heard_until_ns=2_000_000_000, text="Hello there")
+    wait.heard_no_words(heard_until_ns=2_100_000_000)  # words were scored: an empty pass changes nothing
+    assert wait.wait_ms(last_voiced_ns=1_990_000_000) == OPTIONS.complete_silence_ms
+
+
+def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn_quickly() -> None:
+    """The pause partial at the first silent chunk misreads more than the late one: between complete_score
+    and early_complete_score its words wait for the late partial's score (the pending wait)."""
+    ms = 1_000_000
+    last_voiced = 2_000 * ms
+    wait = EndOfTurnWait()
+    wait.scored(0.5, heard_until_ns=last_voiced + 40 * ms, text="Call me Mercandlier of heaven.")
+    assert wait.wait_ms(last_voiced) == OPTIONS.pending_silence_ms  # heard 40 ms of silence: not settled
+    wait.scored(0.9, heard_until_ns=last_voiced + 40 * ms, text="What is the capital of France?")
+    assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms  # sure enough at once
+    wait.scored(0.5, heard_until_ns=last_voiced + 140 * ms, text="Play some relaxing music.")
+    assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms  # the late partial heard the silence
+    assert OPTIONS.complete_score <= 0.5 < OPTIONS.early_complete_score
+    with pytest.raises(ValueError, match="early_complete_score"):
+        TurnTakingOptions(complete_score=0.5, early_complete_score=0.4)
