@@ -214,5 +214,11 @@ class MoonshineRecognizer:
 
     def _with_stable(self, words: list[str]) -> list[str]:
         """The pass's words after as many as are stable, behind the stable ones: a pass that heard a stable
-        word otherwise does not change it (work begun on stable text stays valid)."""
-        return self._stable + words[len(self._stable) :]
+        word otherwise does not change it (work begun on stable text stays valid). A pass that read the
+        stable words as fewer ("for my new puppy" as "for Manu Perpi", with more silence after it) has
+        nothing past them, though the last pass had: that pass's words after the stable ones stand."""
+        n = len(self._stable)
+        keys, stable_keys = [text_key(w) for w in words], [text_key(w) for w in self._stable]
+        if len(words) <= n and keys != stable_keys[: len(keys)] and self._previous[n:]:
+            return self._stable + self._previous[n:]
+        return self._stable + words[n:]

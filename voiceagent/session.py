@@ -103,6 +103,10 @@ class Session:
         self._utterance_start_ns = 0
         self._cut_turn = 0  # an utterance cut off at max_turn_s: its speech_end is not answered
         self._decoding: asyncio.Task[None] | None = None
+        # Frames that arrive between speech_end and the final's decode: held back from the recogniser, which
+        # is told how much of the audio it holds is the silence after the words (`trailing_ms`), until the
+        # final has its audio; then they go to it as the next utterance's pre-roll.
+        self._after_end: list[np.ndarray] | None = None
         self.partials = PartialSchedule(
             self.options.partial_every_ms, self.options.pause_ms, self.options.late_pause_ms
         )
@@ -144,7 +148,10 @@ class Session:
         self.trace.record_audio(frame, t, self.turn)
         # Every frame goes to the recogniser: before speech_start it keeps them as pre-roll, since the VAD
         # decides a start only after some voiced audio.
-        self.recognizer.push(frame)
+        if self._after_end is None:
+            self.recognizer.push(frame)
+        else:
+            self._after_end.append(frame)
         self.barge_ins.tick(t)
         self.endpointing.before_frame()
         for edge in self.endpointer.push(frame, t):
@@ -261,7 +268,8 @@ class Session:
         self._utterance_start_ns = edge.t_ns
         self.preemption.prefilled = 0
         self.partials.start_utterance(edge.confirmed_ns)
-        start_utterance(self.recognizer, over_reply)
+        start_utterance(self.recognizer, over_reply)  # (waits for a final still decoding to take its audio)
+        self._push_held_frames()  # the audio since the last speech_end begins this utterance
         self.endpointing.start_utterance()
         self._update_idle()
         self._emit(SpeechStarted(edge.t_ns, self.turn))
@@ -286,7 +294,14 @@ class Session:
         self.trace.write(VAD_SPEECH_END, self.turn, t_ns=edge.t_ns, confirmed_ns=edge.confirmed_ns)
         stood_in_ns = self.preemption.heard_all(self.endpointing.heard_all) if self.partials.paused else None
         trailing_ms = final_trailing_ms(edge.confirmed_ns + FRAME_MS * 1_000_000, edge.t_ns, stood_in_ns)
+        self._after_end = []  # the final may wait for a partial still decoding: no more audio meanwhile
         self._start_reply(self._finalize_and_respond(self.turn, trailing_ms))
+
+    def _push_held_frames(self) -> None:
+        """The frames held back since speech_end, to the recogniser (its final has its audio)."""
+        held, self._after_end = self._after_end, None
+        for frame in held or ():
+            self.recognizer.push(frame)
 
     def _start_reply(self, work: Coroutine[Any, Any, None]) -> None:
         self._reply = asyncio.create_task(work)
@@ -333,7 +348,10 @@ class Session:
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:
-            text = (await self.lane.in_thread(self.recognizer.decode_final, trailing_ms)).strip()
+            try:
+                text = (await self.lane.in_thread(self.recognizer.decode_final, trailing_ms)).strip()
+            finally:
+                self._push_held_frames()
         except Exception as error:
             self._drop_preemption("asr failed")
             self._fail(turn, "asr", error)

@@ -198,3 +198,35 @@ def test_a_draft_changes_the_cost_of_a_pass_not_its_tokens(monkeypatch: pytest.M
         assert model.heard_tokens(audio, draft) == plain
         accepted = next(i for i, (a, b) in enumerate(zip([*draft, -1], [*plain, -1], strict=False)) if a != b)
         assert counting.runs == 1 + max(0, len(plain) - accepted)  # a step for each token after those
+
+
+class ScriptedModel:
+    """A stand-in for MoonshineModel: each pass (any audio) returns the next of `texts`."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = iter(texts)
+
+    def heard_tokens(self, audio: np.ndarray, draft: Any = ()) -> list[int]:
+        return [len(audio)]
+
+    def text_of(self, tokens: Any) -> str:
+        return next(self.texts)
+
+
+def test_a_pass_that_reads_the_stable_words_as_fewer_keeps_the_words_after_them() -> None:
+    """Seen on `voiceagent bench`: the late pause partial read "for my new puppy" as "for Manu Perpi", and
+    the final (stable words + that pass's words past them) lost "puppy"."""
+    from voiceagent.moonshine import MoonshineRecognizer
+
+    texts = [
+        "Could you suggest a name for my new purpose?",
+        "Could you suggest a name for my new puppy?",
+        "Could you suggest a name for Manu Perpi?",
+    ]
+    recognizer = MoonshineRecognizer(ScriptedModel(texts))  # type: ignore[arg-type]
+    recognizer.start()
+    for _ in range(60):
+        recognizer.push(np.zeros(320, dtype=np.int16))
+    assert recognizer.decode_partial().stable == ""
+    assert recognizer.decode_partial().stable == "Could you suggest a name for my new"
+    assert recognizer.decode_partial().text == "Could you suggest a name for my new puppy?"

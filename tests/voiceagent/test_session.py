@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from voiceagent.events import (
     Interrupted,
     ReplyText,
     SpeechAudio,
+    SpeechEnded,
     TranscriptFinal,
     TranscriptPartial,
     TurnEnded,
@@ -444,3 +446,38 @@ def test_speaking_ahead_can_be_turned_off() -> None:
     h = run(one_turn, options=SessionOptions(speak_ahead=False))
     assert _record(h, "tts.first_audio")["ahead"] is False
     assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]
+
+
+class SlowFinalRecognizer(FakeRecognizer):
+    """Its final waits until `release` is set, then records how many frames it was given by then."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.release = threading.Event()
+        self.frames_at_final: list[int] = []
+
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+        self.release.wait(5)
+        self.frames_at_final.append(self.frames)
+        return super().decode_final(trailing_silence_ms)
+
+
+def test_frames_after_the_end_of_speech_wait_while_the_final_is_pending() -> None:
+    """The final is told how much of its audio is the silence after the words; audio that arrives while it
+    waits (for a partial still decoding, or for the cores) must not lengthen that audio, or the final cuts
+    off the last words. Those frames reach the recogniser once the final has its audio."""
+
+    async def scenario(h: Harness) -> None:
+        assert isinstance(h.recognizer, SlowFinalRecognizer)
+        await h.frames(LOUD, 20)
+        await h.frames(QUIET, 10)  # the 10th quiet frame confirms the end of speech
+        await h.settle(lambda: bool(h.of(SpeechEnded)))
+        await h.frames(QUIET, 15)  # 300 ms more while the final waits
+        h.recognizer.release.set()
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=SlowFinalRecognizer("hello there"))
+    # Frames since start() (the first loud frame came before it), up to the one that confirmed the end.
+    assert h.recognizer.frames_at_final == [19 + 10]
+    assert h.recognizer.trailing_ms == [pytest.approx(200.0)]  # the 10 quiet frames
+    assert h.recognizer.frames == 19 + 10 + 15  # the held frames followed
