@@ -47,9 +47,10 @@ class TranscriptLike(Protocol):
 
 
 # A recogniser's final reuses its last partial if that heard this much past the end of speech (the end of
-# Silero's last voiced chunk): the late pause partial (128 ms) does, the first (32 ms) does not. Moonshine
-# reads the whole utterance better with the silence after it: finals taken from the first pause partial
-# misread 2 words more on 16 `voiceagent bench` clips ("dealer" for "dinner"), WER 0.07 against 0.05.
+# Silero's last voiced chunk): the late pause partial (128 ms) does, the first (32 ms) does not, unless the
+# session says a reply runs on it (voiceagent/partials.py `final_trailing_ms`). Moonshine reads an utterance
+# better with the silence after it; a run at 0.03 misread 2 words more on 16 `voiceagent bench` clips
+# (WER 0.070 against 0.042), within the run-to-run spread of misreads, but 0.1 is the safer side.
 FINAL_MARGIN_S = 0.1
 
 
