@@ -55,8 +55,9 @@ class PartialSchedule:
             passed = sum(1 for stage in self._stages if silence_ms >= stage)
             if busy or passed <= self._stages_done:
                 return None
-            self._stages_done = 1 if heard else passed
-            return None if heard else "pause"
+            stands_in = heard and self._stages_done == 0  # for the first pause partial only
+            self._stages_done = 1 if stands_in else passed
+            return None if stands_in else "pause"
         if busy or t_ns - self._last_ns < self.partial_every_ms * 1_000_000:
             return None
         self._last_ns = t_ns

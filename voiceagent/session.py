@@ -170,8 +170,7 @@ class Session:
         silence_ms = self.endpointer.silence_ms()
         if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
             self._drop_preemption("speech resumed")
-        # A reply on a regular partial that heard every word stands in for the first pause partial.
-        heard = not self.partials.paused and self.preemption.heard_all(self.endpointing.heard_all) is not None
+        heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # a stand-in (partials.py)
         kind = self.partials.due(t, silence_ms, busy=self._decoding is not None, heard=heard)
         if kind is not None:
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))

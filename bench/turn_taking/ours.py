@@ -108,7 +108,7 @@ async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_p
         if rec.speech_start_ns is None:
             continue
         silence_ms = endpointer.silence_ms()
-        heard = reply.update(t, silence_ms, endpointer.last_voiced_ns()) and not schedule.paused
+        heard = reply.update(t, silence_ms, endpointer.last_voiced_ns())
         kind = schedule.due(t, silence_ms, busy=t < busy_until_ns, heard=heard)
         if kind is None:
             continue

@@ -90,3 +90,12 @@ def test_the_final_is_told_what_audio_holds_no_words() -> None:
     # recogniser's margin more, so that its last pass (that partial) is the final.
     assert final_trailing_ms(end, voiced, stood_in_ns=560 * MS) == 340.0 + 1000 * FINAL_MARGIN_S
     assert final_trailing_ms(end, voiced, stood_in_ns=800 * MS) == 300.0  # never less than the silence
+
+
+def test_a_reply_on_the_first_pause_partial_does_not_stand_in_for_the_late_one() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(420 * MS, 32.0, busy=False) == "pause"
+    # A reply now runs on that pause partial (it heard every word): the late one is still due.
+    assert schedule.due(520 * MS, 128.0, busy=False, heard=True) == "pause"
