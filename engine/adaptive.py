@@ -17,9 +17,13 @@ token drafted anyway) keeps the acceptance tracking a conversation whose text be
 but a probe is not free: the draft first catches up on every id committed since it last ran. So probes
 come after PROBE_EVERY plain blocks, then twice as far apart after each probe that did not make drafting
 pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if every token were accepted
-(a draft as slow as the target, or a verify of 2 ids costing two steps). The model is checked against what
-the drafting blocks really cost per committed token: when that is more than a plain step, blocks are plain
-(with probes) until it is not.
+(a draft as slow as the target, or a verify of 2 ids costing two steps). A probe also waits while the
+probes so far and its own expected cost (the catch-up at the draft's measured seconds an id, one draft step
+and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks have run: where drafting never
+pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a 38 ms
+step) probes then cost at most that share, instead of 5-20% of a 64-token reply. The model is checked
+against what the drafting blocks really cost per committed token: when that is more than a plain step,
+blocks are plain (with probes) until it is not.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ PROBE_EVERY = 8
 MAX_PROBE_EVERY = 64
 BEST_ACCEPTANCE = 0.98  # what the most predictable text (a repeated passage) reaches
 EMA_WEIGHT = 0.1  # weight of a new observation in the running means
+PROBE_BUDGET = 0.02  # the most of the blocks' time that probes may cost beyond the plain steps they replace
 
 
 @dataclass
@@ -59,6 +64,12 @@ class SpeculationStats:
     # when drafting is in fact slower than plain steps.
     drafted_token_s: RunningMean = field(default_factory=RunningMean)
     calibrated: bool = False
+    # The probe budget: seconds of every block recorded (catch-ups included), seconds the probes cost
+    # beyond a plain step per token they committed, and a draft catch-up's seconds an id (measured).
+    run_s: float = 0.0
+    probe_overhead_s: float = 0.0
+    catch_up_id_s: RunningMean = field(default_factory=RunningMean)
+    probing: bool = False  # the next block recorded is a probe
 
     def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None) -> None:
         """Seeds the cost table with forwards timed on this machine (sizes not given are interpolated)."""
@@ -69,10 +80,27 @@ class SpeculationStats:
         self.calibrated = True
 
     def record(
-        self, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, n_rows: int | None = None
+        self,
+        n_drafted: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        n_rows: int | None = None,
+        *,
+        catch_up_s: float = 0.0,
+        n_caught_up: int = 0,
     ) -> None:
-        """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id)."""
+        """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id), after
+        the draft caught up on `n_caught_up` committed ids in `catch_up_s` (not part of `draft_s`)."""
         rows = n_drafted + 1 if n_rows is None else n_rows
+        spent = catch_up_s + draft_s + verify_s
+        self.run_s += spent
+        if n_caught_up:
+            self.catch_up_id_s.add(catch_up_s / n_caught_up)
+        if self.probing and n_drafted:
+            step = self.target_step_s() or verify_s
+            self.probe_overhead_s += max(0.0, spent - (n_accepted + 1) * step)
+        self.probing = False
         if n_drafted:
             if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
                 self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1))
@@ -136,29 +164,40 @@ class DraftLength:
             return self.max_gamma > 0
         return self._drafting_pays(self.max_gamma)
 
-    def should_draft(self, n_drafted: int, confidence: float, limit: int) -> bool:
-        """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences."""
+    def should_draft(self, n_drafted: int, confidence: float, limit: int, catch_up_ids: int = 0) -> bool:
+        """Draft token n_drafted + 1? `confidence` is the product of the drafted tokens' confidences;
+        `catch_up_ids`, the committed ids the draft must be fed before its first token of the block."""
         most = min(limit, self.max_gamma)
         if n_drafted >= most:
             return False
         if not self.adaptive:
             return True
         if n_drafted == 0:
-            return self._start_block(most)
+            return self._start_block(most, catch_up_ids)
         return self._next_pays(n_drafted, confidence)
 
-    def _start_block(self, most: int) -> bool:
+    def _start_block(self, most: int, catch_up_ids: int) -> bool:
         stats = self.stats
         if self._drafting_pays(most):
             stats.skipped, stats.probe_every = 0, PROBE_EVERY
             return True
         if not self._block_pays(most, BEST_ACCEPTANCE):
             return False  # no text could make drafting pay on these costs: no probe either
-        stats.skipped += 1
-        if stats.skipped < stats.probe_every:
+        stats.skipped = min(stats.skipped + 1, stats.probe_every)
+        if stats.skipped < stats.probe_every or not self._probe_affordable(catch_up_ids):
             return False
         stats.skipped, stats.probe_every = 0, min(2 * stats.probe_every, MAX_PROBE_EVERY)
+        stats.probing = True
         return True
+
+    def _probe_affordable(self, catch_up_ids: int) -> bool:
+        """Would the probes so far and this one cost at most PROBE_BUDGET of the blocks' time? This one
+        may cost its catch-up, a draft step and the verify's extra row (all rejected)."""
+        stats = self.stats
+        draft_step = stats.draft_step.value or 0.0
+        per_id = stats.catch_up_id_s.value if stats.catch_up_id_s.value is not None else draft_step
+        expected = catch_up_ids * per_id + draft_step + self._extra_verify_s(1, 2)
+        return stats.probe_overhead_s + expected <= PROBE_BUDGET * stats.run_s
 
     def _drafting_pays(self, most: int) -> bool:
         """Expected to pay on the cost model, and not measured slower than plain steps."""

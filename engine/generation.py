@@ -44,6 +44,7 @@ class Generation:
         self.prompt = prompt
         self.text = TextStream(self.engine.tokenizer, params.stop)
         self._catch_up_s = 0.0  # this block's draft catch-up on committed ids (not drafting)
+        self._caught_up = 0  # ... and how many ids it fed
         self.generator = torch.Generator(device=self.engine.target.device)
         if params.seed is None:
             self.generator.seed()
@@ -142,7 +143,15 @@ class Generation:
             self.engine.speculation.record(0, 0, 0.0, verify_s, n_rows)
             return
         self.stats.record_block(gamma, n_accepted, n_committed, draft_s, verify_s)
-        self.engine.speculation.record(gamma, n_accepted, drafting_s, verify_s, n_rows)
+        self.engine.speculation.record(
+            gamma,
+            n_accepted,
+            drafting_s,
+            verify_s,
+            n_rows,
+            catch_up_s=self._catch_up_s,
+            n_caught_up=self._caught_up,
+        )
 
     def _propose(self, limit: int) -> tuple[Tensor, Tensor | None]:
         """Runs the draft while the draft length says so (at most `limit` tokens), or takes the next ids
@@ -151,7 +160,7 @@ class Generation:
         Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
         """
         device = self.engine.target.device
-        self._catch_up_s = 0.0
+        self._catch_up_s, self._caught_up = 0.0, 0
         self._from_proposal = False
         if self.proposal is not None:
             n_pending = len(self.conv.tokens) - self.conv.target.valid
@@ -168,19 +177,20 @@ class Generation:
         probs: list[Tensor] = []
         draft = self.conv.draft
         confidence = 1.0  # the draft's own probability that everything drafted so far is accepted
+        unseen = 0 if draft is None else max(0, len(self.conv.tokens) - 1 - draft.valid)
         while (
             draft is not None
             and not self._cancelled()
-            and self.draft_length.should_draft(len(drafted), confidence, limit)
+            and self.draft_length.should_draft(len(drafted), confidence, limit, catch_up_ids=unseen)
         ):
             tokens = self.conv.tokens
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
                 # more after plain blocks, which do not run the draft)
-                started = self.clock()
+                started, valid = self.clock(), draft.valid
                 prefill_state(draft, tokens)
-                self._catch_up_s = self.clock() - started
+                self._catch_up_s, self._caught_up = self.clock() - started, draft.valid - valid
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
             if self.params.greedy:

@@ -32,6 +32,7 @@ from engine.sampling import SamplingParams
 SIZES = (1, 2, 3, 5, 9)
 PREFILLS = (16, 32, 64)
 CONTEXT = 200  # ids cached before timing forwards and prefills
+PREFILL_REPEATS = 3  # the median of this many prefills per size (one alone moved by 30% between runs)
 
 
 def cpu_description() -> dict[str, Any]:
@@ -75,9 +76,12 @@ def forward_costs(engine: Engine) -> dict[str, float]:
                 best = min(best, time.perf_counter() - started)
             costs[f"forward_{n}_ms"] = best * 1e3
         for n in PREFILLS:
-            started = time.perf_counter()
-            state.feed(ids[CONTEXT : CONTEXT + n], CONTEXT, "last")
-            costs[f"prefill_{n}_tok_s"] = n / (time.perf_counter() - started)
+            seconds = []
+            for _ in range(PREFILL_REPEATS):
+                started = time.perf_counter()
+                state.feed(ids[CONTEXT : CONTEXT + n], CONTEXT, "last")
+                seconds.append(time.perf_counter() - started)
+            costs[f"prefill_{n}_tok_s"] = n / statistics.median(seconds)
     return costs
 
 
@@ -85,7 +89,9 @@ def llama_cpp_costs(llm: LlamaCpp, vocab: int) -> dict[str, float]:
     ids = [(1000 + 37 * i) % vocab for i in range(CONTEXT + 80)]
     costs = {}
     for n in PREFILLS:
-        costs[f"prefill_{n}_tok_s"] = n / llm.prompt_eval_s(ids[:CONTEXT], ids[CONTEXT : CONTEXT + n])
+        new = ids[CONTEXT : CONTEXT + n]
+        seconds = [llm.prompt_eval_s(ids[:CONTEXT], new) for _ in range(PREFILL_REPEATS)]
+        costs[f"prefill_{n}_tok_s"] = n / statistics.median(seconds)
     return costs
 
 
@@ -144,6 +150,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if torch_int4 is not None:
         summary["torch_int4_forward"] = forward_costs(torch_int4)
     summary["calibration_ms"] = {n: 1e3 * (ggml.speculation.verify_s(n) or 0.0) for n in SIZES}
+    speculation = ggml.speculation  # shared by the plain and the adaptive runs of that engine
+    summary["probes"] = {
+        "blocks_s": speculation.run_s,
+        "probe_overhead_s": speculation.probe_overhead_s,
+        "draft_step_ms": 1e3 * (speculation.draft_step.value or 0.0),
+        "catch_up_ms_an_id": 1e3 * (speculation.catch_up_id_s.value or 0.0),
+    }
     summary["rows"] = rows
     return summary
 

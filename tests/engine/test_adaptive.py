@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.adaptive import AUTO_MAX_GAMMA, PROBE_EVERY, DraftLength, SpeculationStats
+from engine.adaptive import AUTO_MAX_GAMMA, PROBE_BUDGET, PROBE_EVERY, DraftLength, SpeculationStats
 from engine.sampling import SamplingParams
 from tests.fakes import tiny_engine
 
@@ -46,6 +46,52 @@ def test_auto_never_probes_where_drafting_cannot_pay() -> None:
     # A draft as slow as the target: even a draft that is always right would not pay.
     length = DraftLength.parse("auto", stats_with(0.100, 0.100, 0.2))
     assert not any(length.should_draft(0, 1.0, limit=20) for _ in range(10 * PROBE_EVERY))
+
+
+def test_a_probe_waits_until_it_fits_the_probe_budget() -> None:
+    """Where drafting does not pay, a probe's catch-up (the draft fed every id since it last ran) may cost
+    several steps: probes wait until what they cost stays within PROBE_BUDGET of the blocks' time."""
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.040, 2: 0.060, 9: 0.300}, draft_step_s=0.010)  # a CPU's costs
+    stats.acceptance.value = 0.05  # drafting does not pay now, but would on predictable text
+    length = DraftLength.parse("auto", stats)
+    due = []
+    for _ in range(40):  # 40 plain steps of 40 ms: 1.6 s of blocks, a budget of 32 ms
+        due.append(length.should_draft(0, 1.0, limit=20, catch_up_ids=60))
+        stats.record(0, 0, 0.0, 0.040)
+    assert not any(due)  # due from the 8th block on, but 60 ids to catch up on: ~0.6 s expected
+    assert PROBE_BUDGET * stats.run_s == pytest.approx(0.032)
+    # With nothing to catch up on, a probe costs at most a draft step and a row: 30 ms, affordable now.
+    assert length.should_draft(0, 1.0, limit=20, catch_up_ids=0) and stats.probing
+    stats.record(1, 0, 0.010, 0.060)  # the probe: rejected, so 70 ms for one token, a step's 40 ms
+    assert stats.probe_overhead_s == pytest.approx(0.030) and not stats.probing
+    assert not any(length.should_draft(0, 1.0, limit=20) for _ in range(3 * PROBE_EVERY))  # budget spent
+
+
+def test_a_probe_s_catch_up_is_measured_per_id_and_counted_in_its_cost() -> None:
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.040, 2: 0.060, 9: 0.300}, draft_step_s=0.010)
+    stats.probing = True
+    stats.record(1, 1, 0.010, 0.060, catch_up_s=0.300, n_caught_up=60)
+    assert stats.catch_up_id_s.value == pytest.approx(0.005)
+    assert stats.run_s == pytest.approx(0.370)
+    assert stats.probe_overhead_s == pytest.approx(0.370 - 2 * 0.040)  # two tokens committed
+    stats.record(1, 1, 0.010, 0.060)  # a block that drafted because drafting paid: not a probe
+    assert stats.probe_overhead_s == pytest.approx(0.290)
+
+
+def test_a_generation_s_probe_measures_its_catch_up_and_stays_exact() -> None:
+    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
+    auto.speculation.calibrate({1: 0.040, 2: 0.060, 9: 0.300}, draft_step_s=0.010)
+    auto.speculation.acceptance.value = 0.05  # plain blocks, with probes
+    auto.speculation.run_s = 100.0  # an engine that has run a while: probes are affordable
+    prompt, params = [1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=24)
+    blocks = list(auto.new_conversation().generate(prompt, params))
+    assert any(b.n_drafted for b in blocks[PROBE_EVERY:])  # a probe came due
+    assert auto.speculation.catch_up_id_s.value is not None  # it fed the draft the ids it had not seen
+    plain = tiny_engine("qwen2-bias", draft=None, seed=6, init_std=0.1)
+    expected = [t for b in plain.new_conversation().generate(prompt, params) for t in b.token_ids]
+    assert [t for b in blocks for t in b.token_ids] == expected
 
 
 def test_auto_stops_drafting_when_drafted_blocks_ran_slower_than_plain_steps() -> None:
