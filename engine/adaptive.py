@@ -21,9 +21,9 @@ pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if ever
 probes so far and its own expected cost (the catch-up at the draft's measured seconds an id, one draft step
 and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks have run: where drafting never
 pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a 38 ms
-step) probes then cost at most that share, instead of 5-20% of a 64-token reply. The model is checked
-against what the drafting blocks really cost per committed token: when that is more than a plain step,
-blocks are plain (with probes) until it is not.
+step) probes then cost at most that share, instead of 2-9% of a run of 64-token replies (20% of one). The
+model is checked against what the drafting blocks really cost per committed token: when that is more than
+a plain step, blocks are plain (with probes) until it is not.
 """
 
 from __future__ import annotations

@@ -188,9 +188,9 @@ class Generation:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
                 # more after plain blocks, which do not run the draft)
-                started, valid = self.clock(), draft.valid
-                prefill_state(draft, tokens)
-                self._catch_up_s, self._caught_up = self.clock() - started, draft.valid - valid
+                started = self.clock()
+                prefill_state(draft, tokens)  # feeds the `unseen` ids (all but the last)
+                self._catch_up_s, self._caught_up = self.clock() - started, unseen
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
             if self.params.greedy:
