@@ -112,6 +112,19 @@ def _keys(text: str) -> list[str]:
     return [text_key(w) for w in text.split()]
 
 
+def _after_word(heard: list[str], key: str) -> list[str]:
+    """The words a final pass heard after the stable word `key` it was meant to hear again first.
+
+    Its window starts at that word's aligned start, which may be late: the pass may then not hear the word
+    ("spider have?" for a window cut inside "a"), or hear one word before it. Only a word that is the
+    stable one is dropped; a pass that did not say it keeps every word ("How many legs does a have" lost
+    "spider" when the first word heard was dropped unseen)."""
+    for i, word in enumerate(heard[:2]):
+        if text_key(word) == key:
+            return heard[i + 1 :]
+    return heard
+
+
 def _common_prefix(a: list[Word], b: list[Word]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n].key == b[n].key:
@@ -311,9 +324,10 @@ class StreamingRecognizer:
         prompt = _join(self._prefix, _words_text(before))
         start = max(self._window_start, int(last.start * SAMPLE_RATE))
         tail = drop_echo(_keys(prompt), words_of(self._decoder.text(audio[start:], prompt)), text_key)
-        if len(tail) <= 1 and self._prev_tail:  # the short window taken for no speech: the last partial
+        after = _after_word(tail, last.key)
+        if not after and self._prev_tail:  # the short window taken for no speech: the last partial
             return self._last_text  # heard more words after the stable ones (and begins with them)
-        return _join(prompt, _words_text([last]), "".join(tail[1:]))  # tail[0]: the stable word again
+        return _join(prompt, _words_text([last]), "".join(after))
 
     def _tail(self, words: list[Word]) -> list[Word]:
         """The pass's words after the agreed ones: by position when it repeats them, else by text and time."""

@@ -38,6 +38,7 @@ from voiceagent.speech_models import silero_vad_path
 __all__ = ["Endpointer", "SileroVad", "VadEdge", "VadOptions", "load_silero"]
 
 CHUNK_SAMPLES = 512  # Silero's window at 16 kHz: 32 ms
+CHUNK_MS = CHUNK_SAMPLES * 1000 / SAMPLE_RATE
 CONTEXT_SAMPLES = 64  # Silero v5+ sees the previous chunk's last 64 samples before each chunk
 NS_PER_SAMPLE = 1_000_000_000 // SAMPLE_RATE  # 62,500
 
@@ -142,7 +143,11 @@ class Endpointer:
         """
         if not self._speaking:
             return 0.0
-        return max(0.0, (self._pending_start_ns - self._last_voiced_end_ns) / 1e6)
+        gap_ms = (self._pending_start_ns - self._last_voiced_end_ns) / 1e6
+        # Silence grows a chunk (32 ms) at a time. Less than half of one is the chunk grid moving to a frame's
+        # own stamp (transports stamp frames on arrival), read 0.2-1.2 ms while the user spoke: it held back
+        # head starts and regular partials, which wait for no silence.
+        return gap_ms if gap_ms >= CHUNK_MS / 2 else 0.0
 
     def last_voiced_ns(self) -> int:
         """The end of the last voiced chunk of the current (or last) speech: a partial transcript whose

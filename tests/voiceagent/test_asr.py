@@ -259,6 +259,22 @@ def test_the_final_does_not_repeat_the_stable_text_a_pass_said_again(whisper: An
     assert decoder.final_windows and decoder.final_windows[0] <= int(2.1 * 16000)  # from "joke." on
 
 
+def test_a_final_pass_that_does_not_hear_the_last_stable_word_again_loses_no_word(whisper: Any) -> None:
+    """The final's window starts at the last stable word's aligned start; when that start is late the pass
+    hears only what follows ("spider have?"). It lost its first word, taken for the stable one again: "How
+    many legs does a have?" (Whisper tiny.en, tests/voiceagent/test_replay.py, 2 runs in 4)."""
+    spoken = [(" How", 0.1, 0.3), (" many", 0.3, 0.5), (" legs", 0.5, 0.8), (" does", 0.8, 1.0), (" a", 1.0, 1.1)]
+    recognizer = StreamingRecognizer(whisper)
+    recognizer._decoder = ScriptedDecoder(spoken, "spider have?")  # type: ignore[assignment]
+    recognizer.start(pre_roll_ms=0)
+    for i, frame in enumerate(frames(np.ones(int(2.2 * 16000), np.int16)), 1):
+        recognizer.push(frame)
+        if i in (75, 90):
+            partial = recognizer.decode_partial()
+    assert partial.stable == "How many legs does a"
+    assert recognizer.decode_final(0) == "How many legs does a spider have?"
+
+
 def test_a_final_without_a_partial_that_heard_everything_decodes_only_the_audio_after_the_stable_words(
     whisper: Any,
 ) -> None:

@@ -139,6 +139,19 @@ def test_frames_keep_their_own_time_even_with_gaps(speech: list[np.ndarray]) -> 
     assert abs(edges[0].t_ns / 1e9 - start_s) <= 0.1 and abs(edges[1].t_ns / 1e9 - end_s) <= 0.13
 
 
+def test_frames_stamped_on_arrival_are_no_silence_while_the_user_speaks(speech: list[np.ndarray]) -> None:
+    """A frame 0-3 ms late moves the chunk grid to its own stamp; that is no silence (it read 0.2-1.2 ms,
+    and a head start and a regular partial wait for exactly none)."""
+    rng = np.random.default_rng(0)
+    endpointer, readings = Endpointer(), []
+    for i, frame in enumerate(frames(np.concatenate([silence(0.5), voiced(speech[1])]))):
+        endpointer.push(frame, i * FRAME_NS + int(rng.integers(0, 3_000_000)))
+        if endpointer.speaking():
+            readings.append(endpointer.silence_ms())
+    assert len(readings) > 50 and readings.count(0.0) > len(readings) / 2
+    assert not [ms for ms in readings if 0.0 < ms < 16.0]
+
+
 def push_until(endpointer: Endpointer, audio: np.ndarray, t0_ns: int = 0) -> tuple[list[VadEdge], int]:
     """Pushes `audio`'s frames; returns the edges and the time just after its last frame."""
     chunks = list(frames(audio))
