@@ -204,10 +204,13 @@ class FakeTranscript:
 
 
 class FakeRecognizer:
-    """Hears `text` (one word per 10 frames pushed, for partials); `error` makes the final fail."""
+    """Hears `text` (one word per 10 frames pushed, for partials; the last `stable_lag` words heard are not
+    stable yet); `error` makes the final fail."""
 
-    def __init__(self, text: str = "hello there", error: Exception | None = None) -> None:
-        self.text, self.error = text, error
+    def __init__(
+        self, text: str = "hello there", error: Exception | None = None, stable_lag: int = 1
+    ) -> None:
+        self.text, self.error, self.stable_lag = text, error, stable_lag
         self.frames = 0
         self.utterances = 0
         self.trailing_ms: list[float] = []  # what each final was told of the audio's trailing silence
@@ -221,7 +224,7 @@ class FakeRecognizer:
 
     def decode_partial(self) -> FakeTranscript:
         words = self.text.split()[: self.frames // 10]
-        return FakeTranscript(" ".join(words[:-1]), " ".join(words))
+        return FakeTranscript(" ".join(words[: max(0, len(words) - self.stable_lag)]), " ".join(words))
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         self.trailing_ms.append(trailing_silence_ms)

@@ -19,7 +19,7 @@ from typing import Literal
 
 from voiceagent.stages import FINAL_MARGIN_S
 
-__all__ = ["PartialKind", "PartialSchedule", "final_trailing_ms"]
+__all__ = ["PartialKind", "PartialSchedule", "final_trailing_ms", "words_ahead"]
 
 PartialKind = Literal["regular", "pause"]
 
@@ -74,3 +74,13 @@ def final_trailing_ms(end_ns: int, speech_end_ns: int, stood_in_ns: int | None =
     if stood_in_ns is None:
         return trailing_ms
     return max(trailing_ms, (end_ns - stood_in_ns) / 1e6 + 1000 * FINAL_MARGIN_S)
+
+
+def words_ahead(stable: str, text: str) -> str:
+    """The words a head start feeds while the user speaks: the partial's guess without its last word (the
+    audio ends inside it, "cap" for "capital"), and never fewer than the stable words. The guess's words past
+    the stable ones are usually right; a changed one costs its ids again, and the reply keeps the prefix."""
+    guess = text.split()[:-1]
+    if len(guess) <= len(stable.split()) or not text.startswith(stable):
+        return stable
+    return " ".join(guess).rstrip(" ,;:")

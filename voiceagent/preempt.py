@@ -164,8 +164,9 @@ class Preemption:
         self.prefilled = 0  # words of this utterance fed so far
 
     def prefill(self, turn: int, messages: Sequence[Message], n_words: int) -> None:
-        """Feeds the user's stable words (the last message, `n_words` long) to the draft model while they
-        speak (see Conversation.prefill), when there are more than last time and none is in flight."""
+        """Feeds the user's words so far (the last message, `n_words` long) to the draft model (and on a
+        CPU the target) while they speak (see Conversation.prefill), when there are more than last time
+        and none is in flight."""
         if (
             not self.prefill_while_speaking
             or not isinstance(self.llm, PrefillingLLM)

@@ -47,7 +47,7 @@ from voiceagent.events import (
     TurnError,
 )
 from voiceagent.llm import LLM, ReplyBlock
-from voiceagent.partials import PartialSchedule, final_trailing_ms
+from voiceagent.partials import PartialSchedule, final_trailing_ms, words_ahead
 from voiceagent.preempt import Preemption, PreemptiveReply, SpeakAhead
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.session_options import SessionOptions
@@ -336,14 +336,16 @@ class Session:
     def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_ns: int | None) -> None:
         """A partial that returns in silence having heard every word said (up to `heard_ns`; None: not all)
         starts the reply (it stands in for the pause partial, or that confirms it or starts it again); while
-        the user still speaks, its stable words are fed. Not once they are quiet: the pause partial is
-        near, and a forward then would hold up its decode and score."""
+        the user still speaks, its words are fed (`words_ahead`: its guess but the last word, at least the
+        stable words). Not once they are quiet: the pause partial is near, and a forward then would hold
+        up its decode and score."""
         silence_ms = self.endpointer.silence_ms()
         silent = (pause and self.partials.paused) or silence_ms >= self.options.pause_ms / 2
         if silent and heard_ns is not None and self.options.preemptive_reply and text:
             self.preemption.start(turn, self._with_user(text), text, heard_ns)
         elif not pause and silence_ms == 0.0:
-            self.preemption.prefill(turn, self._with_user(stable), len(stable.split()))
+            ahead = words_ahead(stable, text)
+            self.preemption.prefill(turn, self._with_user(ahead), len(ahead.split()))
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:

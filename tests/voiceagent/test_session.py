@@ -32,6 +32,7 @@ from voiceagent.events import (
     TurnEnded,
     TurnError,
 )
+from voiceagent.partials import words_ahead
 from voiceagent.session import Session, SessionOptions
 from voiceagent.stages import FINAL_MARGIN_S
 from voiceagent.trace import Trace, turn_latencies_ms
@@ -329,6 +330,38 @@ def test_the_draft_is_fed_the_stable_words_while_the_user_speaks() -> None:
     assert all(draft_only for _, draft_only in h.llm.prefills)
     assert users == sorted(users, key=len) and "please tell me the time now".startswith(users[-1])
     assert all(m[:-1] == h.session.history[:1] for m, _ in h.llm.prefills)  # the history, then the words
+
+
+def test_the_words_fed_while_the_user_speaks_run_ahead_of_the_stable_ones() -> None:
+    """The recogniser's guess runs 2-5 words past its stable words; all but its last word (cut off by the
+    audio's end) are fed, so fewer ids are left to prefill when the reply starts."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 60)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=FakeRecognizer("please tell me the time now", stable_lag=3))
+    fed = [messages[-1]["content"] for messages, _ in h.llm.prefills]
+    assert fed and all("please tell me the time now".startswith(words) for words in fed), fed
+    # The first partial with words to feed heard 3: none stable yet, and two are fed (the stable words: one
+    # partial later, one word).
+    assert fed[0] == "please tell", fed
+
+
+@pytest.mark.parametrize(
+    ("stable", "text", "ahead"),
+    [
+        ("what is", "what is the capital of fra", "what is the capital of"),
+        ("what is", "what is the", "what is"),  # the guess's one word past them: cut off, not fed
+        ("call me back", "call me back on zero,", "call me back on"),
+        ("pack a toothbrush,", "pack a toothbrush, a towel, and", "pack a toothbrush, a towel"),
+        ("how far", "How far away is", "how far"),  # a guess that rewrote the stable words
+        ("", "", ""),
+    ],
+)
+def test_words_ahead(stable: str, text: str, ahead: str) -> None:
+    assert words_ahead(stable, text) == ahead
 
 
 @pytest.mark.parametrize("quiet_frames", [0, 1])
