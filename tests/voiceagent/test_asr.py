@@ -263,7 +263,13 @@ def test_a_final_pass_that_does_not_hear_the_last_stable_word_again_loses_no_wor
     """The final's window starts at the last stable word's aligned start; when that start is late the pass
     hears only what follows ("spider have?"). It lost its first word, taken for the stable one again: "How
     many legs does a have?" (Whisper tiny.en, tests/voiceagent/test_replay.py, 2 runs in 4)."""
-    spoken = [(" How", 0.1, 0.3), (" many", 0.3, 0.5), (" legs", 0.5, 0.8), (" does", 0.8, 1.0), (" a", 1.0, 1.1)]
+    spoken = [
+        (" How", 0.1, 0.3),
+        (" many", 0.3, 0.5),
+        (" legs", 0.5, 0.8),
+        (" does", 0.8, 1.0),
+        (" a", 1.0, 1.1),
+    ]
     recognizer = StreamingRecognizer(whisper)
     recognizer._decoder = ScriptedDecoder(spoken, "spider have?")  # type: ignore[assignment]
     recognizer.start(pre_roll_ms=0)
