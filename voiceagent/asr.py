@@ -11,7 +11,8 @@ six schedules from 5 to 13. When the window grows past `max_window_s`, its audio
 sentence end if there is one) is dropped and that text becomes the prompt of later passes, so a pass costs
 the same however long the user talks. `decode_final` returns the last partial at once when that pass already
 heard all the speech (the endpointer's silence wait usually leaves time for one more pass); otherwise it
-decodes once more only the audio from the last stable word on, with the text before it as prompt (on a
+decodes once more only the audio from about a second before the last stable word on, with the text before
+it as prompt (on a
 busy CPU the wait may pass with partials still running back to back: the fallback must be quick too). The
 final always begins with the last stable text, so work started on a stable partial (an LLM prefill) stays
 valid. Repetition loops of a pass and a pass's echo of its prompt are undone (voiceagent/asr_text.py).
@@ -49,6 +50,7 @@ from voiceagent.utterance_audio import RING_FRAMES, UtteranceAudio
 __all__ = ["AsrOptions", "StreamingRecognizer", "Transcript", "load_whisper"]
 
 WHISPER_MAX_S = 30.0  # Whisper's encoder cannot see more than this at once
+FINAL_CONTEXT_S = 1.0  # the final pass hears the stable words of this long before the last one again
 
 
 @dataclass(frozen=True)
@@ -112,17 +114,18 @@ def _keys(text: str) -> list[str]:
     return [text_key(w) for w in text.split()]
 
 
-def _after_word(heard: list[str], key: str) -> list[str]:
-    """The words a final pass heard after the stable word `key` it was meant to hear again first.
-
-    Its window starts at that word's aligned start, which may be late: the pass may then not hear the word
-    ("spider have?" for a window cut inside "a"), or hear one word before it. Only a word that is the
-    stable one is dropped; a pass that did not say it keeps every word ("How many legs does a have" lost
-    "spider" when the first word heard was dropped unseen)."""
-    for i, word in enumerate(heard[:2]):
-        if text_key(word) == key:
-            return heard[i + 1 :]
-    return heard
+def _after_agreed(words: list[Word], agreed: list[Word]) -> list[Word]:
+    """A pass's words after the stable words `agreed` it heard again (all of them, or the last few): by
+    position when it repeats them, else after the last stable word near its time (by text), else after its
+    end (by time: the pass heard "a" as "I", or did not hear it)."""
+    n = len(agreed)
+    if [w.key for w in words[:n]] == [w.key for w in agreed]:
+        return words[n:]
+    last = agreed[-1]  # the pass rewrote a stable word: find the last one near its time
+    for j in range(len(words) - 1, -1, -1):
+        if words[j].key == last.key and abs(words[j].start - last.start) < 0.5:
+            return words[j + 1 :]
+    return [w for w in words if (w.start + w.end) / 2 > last.end]
 
 
 def _common_prefix(a: list[Word], b: list[Word]) -> int:
@@ -309,36 +312,35 @@ class StreamingRecognizer:
         return self._tail(drop_echo(_keys(self._prefix), words, lambda w: w.key))
 
     def _final_pass(self, audio: np.ndarray) -> str:
-        """The final when no partial heard all the speech: one pass over only the audio after the last
-        stable word (all stable text is its prompt), untimed (no alignment). On real speech the stable words
-        cover most of an utterance by its end, so this hears a second or two instead of all of it (the
+        """The final when no partial heard all the speech: one pass over only the audio from a second
+        before the last stable word on (the stable text before is its prompt), timed (aligned: its words
+        after the stable ones are told apart by text and time), or untimed where nothing is stable. On real
+        speech the stable words cover most of an utterance by its end, so this hears a few seconds instead
+        of all of it (the
         endpointer's 320 ms wait may pass without a partial that heard it all: partials back to back on a
         busy CPU)."""
         self._fit(audio)  # over 30 s since the window's start: commit what Whisper cannot hear at once
         if not self._agreed:
             text = self._decoder.text(audio[self._window_start :], self._prefix)
             return _join(self._prefix, "".join(drop_echo(_keys(self._prefix), words_of(text), text_key)))
-        # The window starts at the last stable word, heard again: a word's aligned end is often late, and a
-        # window cut there began inside the next word ("made amiable" came back as "made be a bull").
-        *before, last = self._agreed
+        # The window starts FINAL_CONTEXT_S before the last stable word, at a stable word's start: those
+        # words are heard again. A window from the last one on was cut where its aligned end or start was
+        # late ("made amiable" came back as "made be a bull"; "a spider have?" as "spider have?"), and
+        # tiny.en often misheard the first word or two of a window that starts inside speech ("a joke about
+        # the sea": "Joe come out the sea"; "a spider have": "I don't have").
+        again = [w for w in self._agreed if w.start >= self._agreed[-1].start - FINAL_CONTEXT_S]
+        before = self._agreed[: len(self._agreed) - len(again)]
         prompt = _join(self._prefix, _words_text(before))
-        start = max(self._window_start, int(last.start * SAMPLE_RATE))
-        tail = drop_echo(_keys(prompt), words_of(self._decoder.text(audio[start:], prompt)), text_key)
-        after = _after_word(tail, last.key)
+        start = max(self._window_start, int(again[0].start * SAMPLE_RATE))
+        heard = self._decoder.words(audio[start:], prompt, start / SAMPLE_RATE)
+        after = _after_agreed(drop_echo(_keys(prompt), heard, lambda w: w.key), again)
         if not after and self._prev_tail:  # the short window taken for no speech: the last partial
             return self._last_text  # heard more words after the stable ones (and begins with them)
-        return _join(prompt, _words_text([last]), "".join(after))
+        return _join(prompt, _words_text([*again, *after]))
 
     def _tail(self, words: list[Word]) -> list[Word]:
-        """The pass's words after the agreed ones: by position when it repeats them, else by text and time."""
-        n = len(self._agreed)
-        if [w.key for w in words[:n]] == [w.key for w in self._agreed]:
-            return words[n:]
-        last = self._agreed[-1]  # the pass rewrote an agreed word: find the last agreed one near its time
-        for j in range(len(words) - 1, -1, -1):
-            if words[j].key == last.key and abs(words[j].start - last.start) < 0.5:
-                return words[j + 1 :]
-        return [w for w in words if (w.start + w.end) / 2 > last.end]
+        """The pass's words after the agreed ones."""
+        return _after_agreed(words, self._agreed)
 
     def _trim(self, total: int, sentences_only: bool = False) -> None:
         """Drops the window's audio up to a stable word once the window is longer than max_window_s
