@@ -106,9 +106,7 @@ class Conversation:
             raise RuntimeError("this conversation is generating; prefill it before or after")
         try:
             cached = self.reuse_prefix(prompt)
-            ahead = self.states
-            if draft_only and self.draft is not None and not self.engine.speculation.forwards_grow_with_ids():
-                ahead = self.states[1:]
+            ahead = self.states[1:] if draft_only and not self.feeds_target_ahead() else self.states
             for state in ahead:
                 prefill_state(state, self.tokens)
             return cached
@@ -170,23 +168,38 @@ class Conversation:
             self._lock.release()
 
     def end_of_turn_probability(
-        self, prompt_ids: Sequence[int], *, after_mark_power: float = turn_end.AFTER_MARK_POWER
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        after_mark_power: float = turn_end.AFTER_MARK_POWER,
+        model: turn_end.ScoreModel = "draft",
     ) -> float | None:
         """P(the user's message is complete) after `prompt_ids`: the chat prompt up to and including the
         user's words so far, cut before the id that would close their message (engine/turn_end.py).
 
-        Scored on the draft's cache (the target's without a draft); the words stay cached for the reply,
+        `model`: which model's cache scores (turn_end's docstring has what each costs and separates):
+        "draft" (the target's where there is no draft), "target", or "auto": the target where `prefill`
+        feeds it ahead (a compute-bound CPU, or no draft), so the ids it feeds are the reply's own
+        prefill, else the draft. The words stay cached for the reply,
         nothing fed past them is kept. None while the conversation generates (never waits for it).
         `after_mark_power`: how much what follows a punctuation mark counts (turn_end's docstring).
         """
+        if model not in turn_end.SCORE_MODELS:
+            raise ValueError(f"the end-of-turn model is one of {turn_end.SCORE_MODELS}, got {model!r}")
         words = self.engine.check_prompt(prompt_ids, self.max_seq_len)
         marks = turn_end.turn_marks(self.engine.tokenizer)
+        on_target = model == "target" or (model == "auto" and self.feeds_target_ahead())
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return turn_end.end_of_turn_probability(self, words, marks, after_mark_power)
+            return turn_end.end_of_turn_probability(self, words, marks, after_mark_power, on_target=on_target)
         finally:
             self._lock.release()
+
+    def feeds_target_ahead(self) -> bool:
+        """Whether `prefill(..., draft_only=True)` feeds the target too: no draft, or a target whose
+        forwards grow with the ids (every CPU measured here)."""
+        return self.draft is None or self.engine.speculation.forwards_grow_with_ids()
 
     def reuse_prefix(self, prompt: list[int]) -> int:
         """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""

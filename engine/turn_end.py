@@ -1,4 +1,4 @@
-"""End of turn from the draft's cache: the probability that the user's message is complete as heard so far.
+"""End of turn from a model's warm cache: the probability that the user's message is complete as heard so far.
 
 A chat template closes every message with an end-of-turn id (ChatML's `<|im_end|>`). Fed the prompt up to
 and including the user's words so far, a model's next-token distribution says how likely the message ends
@@ -21,6 +21,17 @@ Cost: one forward of the ids not cached yet (the words since the last call, in o
 PREFILL_CHUNK of them), plus, when a > 0, one
 single-id forward per mark worth asking about (usually one).
 
+Which model scores (`Conversation.end_of_turn_probability`'s `model`, default the draft): on written
+utterances and their prefixes at a speaker's pause (`python -m bench.turn_taking.text_scores`, the bundled
+pair) the target separates better: AUC 0.979-0.988 against 0.953-0.977, and ~73% of finished ones at the
+policy's 0.4 against ~45% ("How far away is the moon" 0.25 against the draft's 0.06). On speech, in real
+time on a CPU, it cut off three times as many pauses and lists (6 against 2 of 54 pauses) for finished
+questions ended ~65 ms sooner: the recogniser's misreadings read finished ("Back a toothbrush." for "Pack a
+toothbrush, ..."), and the target believes them more
+(bench/results/2026-12-02-cpu-avx512-turn-score-model.md). "auto" is the target where it is fed the
+user's words ahead anyway (`prefill` on a compute-bound CPU), so a score's forward is the reply's
+prefill, and the draft elsewhere.
+
 The cache is left as a reply wants it: the user's words are a prefix of the reply's prompt, so they stay
 cached (a head start); the punctuation ids are rolled back (`valid` cut back to the words; the torch cache
 overwrites those positions on the next feed, the ggml cache drops every cell from the next feed's first
@@ -34,7 +45,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
@@ -43,12 +54,14 @@ from engine.state import PREFILL_CHUNK, ModelState, prefill_state
 if TYPE_CHECKING:
     from engine.generate import Conversation
 
-__all__ = ["TurnMarks", "end_of_turn_probability", "turn_marks", "user_words"]
+__all__ = ["SCORE_MODELS", "ScoreModel", "TurnMarks", "end_of_turn_probability", "turn_marks", "user_words"]
 
 PUNCTUATION = ("?", ".", "!")  # marks that may end a spoken message the recogniser left unpunctuated
 MARK_ENDINGS = ("", "\n", "\n\n", "\n\n\n")  # a mark's single ids: alone or with the newlines after it
 MIN_MARK_PROBABILITY = 0.02  # below this a mark's share of the score is not worth a forward
 AFTER_MARK_POWER = 0.0  # the exponent a in the module docstring: 0 separated best (bench/turn_taking)
+ScoreModel = Literal["auto", "draft", "target"]  # whose cache scores (Conversation.end_of_turn_probability)
+SCORE_MODELS: tuple[str, ...] = get_args(ScoreModel)
 
 
 @dataclass(frozen=True)
@@ -102,13 +115,18 @@ def user_words(chat_prompt_ids: Sequence[int], end_of_turn_id: int) -> list[int]
 
 @torch.inference_mode()
 def end_of_turn_probability(
-    conv: Conversation, words: list[int], marks: TurnMarks, after_mark_power: float = AFTER_MARK_POWER
+    conv: Conversation,
+    words: list[int],
+    marks: TurnMarks,
+    after_mark_power: float = AFTER_MARK_POWER,
+    *,
+    on_target: bool = False,
 ) -> float:
     """P(the user's message is complete) after `words` (see the module docstring), on the draft model's
-    cache, or the target's where there is no draft. The caller holds the conversation's lock."""
+    cache (`on_target`, or no draft: the target's). The caller holds the conversation's lock."""
     if after_mark_power < 0:
         raise ValueError(f"after_mark_power must be >= 0, got {after_mark_power}")
-    state = conv.draft if conv.draft is not None else conv.target
+    state = conv.target if on_target or conv.draft is None else conv.draft
     conv.reuse_prefix(words)  # words become the committed ids; at least the last one is fed again
     if len(words) - state.valid > PREFILL_CHUNK:  # a long new prompt: in chunks, but for the last one
         prefill_state(state, conv.tokens, leave=PREFILL_CHUNK)

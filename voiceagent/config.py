@@ -16,7 +16,9 @@
     VOICEAGENT_END_SILENCE_MS (endpointing), VOICEAGENT_OUTPUT_RATE, VOICEAGENT_SESSION_CONTEXT_TOKENS (each
     session's KV cache; the oldest turns are dropped to fit): the voice pipeline.
     VOICEAGENT_TURN_SCORE (1: with the local engine, the silence that ends the user's turn follows the
-    draft model's end-of-turn score of their words; 0: always VOICEAGENT_END_SILENCE_MS),
+    end-of-turn score of their words; 0: always VOICEAGENT_END_SILENCE_MS), VOICEAGENT_TURN_SCORE_MODEL
+    ("draft", the default; "target"; "auto": the target where it is fed the words ahead, on a CPU, else
+    the draft),
     VOICEAGENT_TURN_COMPLETE_SCORE (0.4) and VOICEAGENT_TURN_INCOMPLETE_SCORE (0.01): the scores at or
     above which a turn ends after VOICEAGENT_TURN_COMPLETE_SILENCE_MS (120) and at or below which it waits
     VOICEAGENT_TURN_INCOMPLETE_SILENCE_MS (2000); VOICEAGENT_TURN_PENDING_SILENCE_MS (500): the least wait
@@ -95,6 +97,9 @@ class Settings(BaseSettings):
     end_silence_ms: int = Field(320, ge=0, le=3000)  # silence that ends the user's turn (no score)
     # Turn-taking from the end-of-turn score (voiceagent/turn_taking.py; calibrated by bench/turn_taking).
     turn_score: bool = True
+    # Whose cache scores the end of turn (engine Conversation.end_of_turn_probability): "auto" is the target
+    # where the target is fed ahead (a CPU), else the draft.
+    turn_score_model: Literal["auto", "draft", "target"] = "draft"
     turn_complete_score: float = Field(0.4, gt=0, le=1)
     turn_incomplete_score: float = Field(0.01, gt=0, lt=1)
     turn_complete_silence_ms: int = Field(120, ge=0, le=3000)

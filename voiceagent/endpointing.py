@@ -1,13 +1,13 @@
-"""The session's end of turn: the endpointer's silence wait set from the draft model's end-of-turn score.
+"""The session's end of turn: the endpointer's silence wait set from the end-of-turn score of the words.
 
-Each partial transcript is scored (`TurnScoringLLM.end_of_turn_probability`: one draft forward on a warm
-cache, engine/turn_end.py) and `EndOfTurnWait` (voiceagent/turn_taking.py) turns the latest score into the
-silence that ends the turn; every input frame sets it on the endpointer before the endpointer hears the
-frame. A partial with the same words as the one scored last (a later pass that heard them all) takes its
-score again without a forward. Before a partial is scored, a preemptive reply to other words is stopped,
-so the LLM is free. Without a scoring LLM (a remote server) or with `SessionOptions.turn_taking` None,
-the endpointer keeps its fixed silence rule. Each score is traced (`turn.score`: the score, its cost, the
-wait).
+Each partial transcript is scored (`TurnScoringLLM.end_of_turn_probability`: one forward on a warm cache,
+the draft's unless VOICEAGENT_TURN_SCORE_MODEL says otherwise, engine/turn_end.py) and `EndOfTurnWait`
+(voiceagent/turn_taking.py) turns the latest score into the silence that ends the turn; every input frame
+sets it on the endpointer before the endpointer hears the frame. A partial with the same words as the one
+scored last (a later pass that heard them all) takes its score again without a forward. Before a partial
+is scored, a preemptive reply to other words is stopped, so the LLM is free. Without a scoring LLM (a
+remote server) or with `SessionOptions.turn_taking` None, the endpointer keeps its fixed silence rule. Each
+score is traced (`turn.score`: the score, its cost, the wait).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from voiceagent.remote_llm import RemoteLLM
 
 if TYPE_CHECKING:
     from engine import CommittedBlock, Conversation, Engine
+    from engine.turn_end import ScoreModel
 
 __all__ = [  # the shared types are re-exported: every caller imports them from here
     "DEFAULT_OPTIONS",
@@ -81,8 +82,11 @@ class LocalLLM:
         conversation: Conversation | None = None,
         block_timeout_s: float = DEFAULT_BLOCK_TIMEOUT_S,
         lane: CpuLane = NO_LANE,
+        turn_score_model: ScoreModel = "draft",
     ) -> None:
         self.engine, self.block_timeout_s, self.lane = engine, block_timeout_s, lane
+        # whose cache scores the end of turn (VOICEAGENT_TURN_SCORE_MODEL)
+        self.turn_score_model = turn_score_model
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
@@ -244,7 +248,7 @@ class LocalLLM:
             prompt = self._user_words(self._fitting_prompt(messages, room=1))
             self.lane.wait_turn()
             with self._lock:
-                return self._conversation.end_of_turn_probability(prompt)
+                return self._conversation.end_of_turn_probability(prompt, model=self.turn_score_model)
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
             return None
 
@@ -268,7 +272,11 @@ class LocalLLM:
         """A new conversation that starts with this one's cached history (e.g. a warmed system prompt)."""
         conversation = self._conversation.fork()
         return LocalLLM(
-            self.engine, conversation=conversation, block_timeout_s=self.block_timeout_s, lane=self.lane
+            self.engine,
+            conversation=conversation,
+            block_timeout_s=self.block_timeout_s,
+            lane=self.lane,
+            turn_score_model=self.turn_score_model,
         )
 
 
@@ -313,4 +321,6 @@ def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
             settings.llm, model=settings.llm_model, api_key=api_key, timeout_s=settings.llm_timeout_s
         )
     engine = engine if engine is not None else load_local_engine(settings)
-    return LocalLLM(engine, block_timeout_s=settings.llm_timeout_s)
+    return LocalLLM(
+        engine, block_timeout_s=settings.llm_timeout_s, turn_score_model=settings.turn_score_model
+    )

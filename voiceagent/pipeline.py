@@ -89,7 +89,13 @@ class Pipeline:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
             conversation = self.engine.new_conversation(context)
             timeout_s = self.settings.llm_timeout_s
-            llm = LocalLLM(self.engine, conversation=conversation, block_timeout_s=timeout_s, lane=self.lane)
+            llm = LocalLLM(
+                self.engine,
+                conversation=conversation,
+                block_timeout_s=timeout_s,
+                lane=self.lane,
+                turn_score_model=self.settings.turn_score_model,
+            )
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},
                 {"role": "user", "content": "Hello."},

@@ -2,8 +2,9 @@
 
 A fixed silence rule (VOICEAGENT_END_SILENCE_MS, 320 ms) makes every finished question wait 320 ms and cuts
 every sentence with a longer pause in it. With a scoring LLM (`voiceagent.llm.TurnScoringLLM`: the engine in
-this process) each partial transcript gets P(turn complete) from the draft model's warm cache
-(engine/turn_end.py), and the endpointer's wait follows it:
+this process) each partial transcript gets P(turn complete) from a model's warm cache (the draft's, or
+the target's: VOICEAGENT_TURN_SCORE_MODEL; engine/turn_end.py), and the endpointer's
+wait follows it:
 
 - score >= `complete_score` (0.4): the words end a turn; `complete_silence_ms` (120) of silence ends it.
 - score <= `incomplete_score` (0.01): the user stopped mid-sentence; wait `incomplete_silence_ms` (2000),

@@ -1,4 +1,4 @@
-"""Turn-taking on generated speech: the fixed silence rule, the draft model's end-of-turn score, Pipecat.
+"""Turn-taking on generated speech: the fixed silence rule, our end-of-turn score, Pipecat's Smart Turn.
 
     .venv/bin/python -m bench.turn_taking [--out bench/results/DATE-cpu-turn-taking.md] [--skip-pipecat]
 
@@ -85,7 +85,8 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
 
     system_prompt = SessionOptions().system_prompt
 
-    template = LocalLLM(load_local_engine(Settings()))
+    settings = Settings()
+    template = LocalLLM(load_local_engine(settings), turn_score_model=settings.turn_score_model)
     await template.prefill([{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}])
     from voiceagent.recognizers import load_asr_model, new_recognizer
 
@@ -298,6 +299,8 @@ def write_results(
     n_clips: tuple[int, int],
     misses: list[str],
 ) -> None:
+    from voiceagent.config import Settings
+
     about = machine()
     lines = [
         f"# Turn-taking on generated speech ({datetime.date.today()}, CPU)",
@@ -315,7 +318,8 @@ def write_results(
         "",
         f"Policy chosen on the tuning clips: `{dataclasses.asdict(chosen)}`.",
         "",
-        "Time per end-of-turn score (LocalLLM, ggml draft, warm cache): "
+        f"Time per end-of-turn score (LocalLLM, `VOICEAGENT_TURN_SCORE_MODEL={Settings().turn_score_model}`, "
+        "warm cache): "
         f"{percentiles_ms(timing['score_s'])}; "
         f"per partial transcript: {percentiles_ms(timing['asr_s'])}; per Smart Turn inference: "
         f"{percentiles_ms(inferences)}.",

@@ -1,7 +1,7 @@
 """Our turn-taking on a clip: the real components, in the order and at the pace the session runs them.
 
 `record` streams a clip frame by frame through `Endpointer` (Silero VAD), the session's recogniser
-(VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (the bundled draft model), on the session's
+(VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (VOICEAGENT_TURN_SCORE_MODEL), on the session's
 schedule (`PartialSchedule` with `SessionOptions`' times: a partial every 300 ms while the user speaks, pause
 partials at 32 and 128 ms of silence, the first not while a reply runs on a regular partial that returned in
 the silence having heard every word, as in the session), each partial's whole guess (`Transcript.text`)
@@ -9,7 +9,9 @@ scored at once (the same words as the last partial's keep its score, as in the s
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
-the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it could not end the turn. The
+the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it could not end the turn; its
+words are fed instead (`words_ahead`, `LocalLLM.prefill`: the session's head start), and the cores are busy
+with that forward until it ends. The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
 utterance would get up to its first end, whatever the policy.
 
@@ -29,7 +31,7 @@ import numpy as np
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
-from voiceagent.partials import PartialSchedule
+from voiceagent.partials import PartialSchedule, words_ahead
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike, start_utterance
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
@@ -54,6 +56,7 @@ class Scored:
     score_s: float
     pause: bool  # the partial at the pause
     skipped: bool = False  # returned after the user spoke on past its audio: not scored (as the session)
+    prefill_s: float = 0.0  # a skipped partial's head start: its words fed while the user speaks on
 
 
 @dataclass
@@ -166,7 +169,15 @@ async def _partial(
     returned_ns = heard_until_ns + int(asr_s * 1e9)
     frame = min(len(voiced_until) - 1, returned_ns // FRAME_NS)
     if not pause and not heard_all(heard_until_ns, voiced_until[frame]):
-        return Scored(returned_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, skipped=True)
+        started = time.perf_counter()  # the session's head start: the words so far fed as the user speaks on
+        ahead = words_ahead(transcript.stable.strip(), transcript.text.strip())
+        if ahead:
+            await llm.prefill(
+                [{"role": "system", "content": system_prompt}, {"role": "user", "content": ahead}]
+            )
+        prefill_s = time.perf_counter() - started
+        known_ns = returned_ns + int(prefill_s * 1e9)  # the cores are busy with it until then
+        return Scored(known_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, True, prefill_s)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
     if last is not None and last.text == transcript.text and last.score is not None:

@@ -5,7 +5,7 @@ import pytest
 from engine.generate import Engine
 from engine.load import chat_prompt, load_engine
 from engine.sampling import SamplingParams
-from engine.turn_end import turn_marks, user_words
+from engine.turn_end import ScoreModel, turn_marks, user_words
 from tests.support.bundled import DRAFT, TARGET, TINY
 
 pytestmark = pytest.mark.bundled
@@ -37,11 +37,12 @@ def test_the_words_are_the_reply_prompt_cut_before_the_closing_id(pair: Engine) 
     assert pair.tokenizer.decode(words).endswith("Hello there")
 
 
-def test_complete_questions_score_higher_than_incomplete_ones(pair: Engine) -> None:
+@pytest.mark.parametrize("model", ["draft", "target"])
+def test_complete_questions_score_higher_than_incomplete_ones(pair: Engine, model: ScoreModel) -> None:
     conversation = pair.new_conversation()
     for incomplete, complete in PAIRS:
-        low = conversation.end_of_turn_probability(words_of(pair, incomplete))
-        high = conversation.end_of_turn_probability(words_of(pair, complete))
+        low = conversation.end_of_turn_probability(words_of(pair, incomplete), model=model)
+        high = conversation.end_of_turn_probability(words_of(pair, complete), model=model)
         assert low is not None and high is not None
         assert low < 0.01 < 0.03 < high, (incomplete, low, complete, high)
 
@@ -55,7 +56,8 @@ def test_the_message_may_end_after_a_mark(pair: Engine) -> None:
     assert cut < 0.01 < 0.5 < request
 
 
-def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine) -> None:
+@pytest.mark.parametrize("model", ["draft", "target"])
+def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine, model: ScoreModel) -> None:
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]
     question = "What's a good name for a black cat?"
     messages = [*history, {"role": "user", "content": question}]
@@ -68,12 +70,28 @@ def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine) -
     partial = ""
     for word in question.split():  # a partial per word, as the user speaks
         partial = f"{partial} {word}".strip()
-        assert scored.end_of_turn_probability(words_of(pair, partial, history)) is not None
+        assert scored.end_of_turn_probability(words_of(pair, partial, history), model=model) is not None
     words = words_of(pair, question, history)
     assert scored.tokens == words
-    assert scored.draft is not None and scored.draft.valid == len(words)  # the words stay cached
+    state = scored.target if model == "target" else scored.draft
+    assert state is not None and state.valid == len(words)  # the words stay cached
     after = [t for b in scored.generate(prompt, params) for t in b.token_ids]
     assert after == plain
+
+
+def test_auto_scores_on_the_target_where_it_is_fed_ahead(pair: Engine) -> None:
+    """On a CPU the target's forwards grow with the ids, so prefill feeds it ahead, and "auto" scores on it:
+    the same score as the target's, and its cache holds the words."""
+    words = words_of(pair, "How far away is the moon")
+    auto, target = pair.new_conversation(), pair.new_conversation()
+    assert auto.feeds_target_ahead() == pair.speculation.forwards_grow_with_ids()
+    score = auto.end_of_turn_probability(words, model="auto")
+    expected = target.end_of_turn_probability(words, model="target" if auto.feeds_target_ahead() else "draft")
+    assert score is not None and score == pytest.approx(expected, abs=1e-4)
+    state = auto.target if auto.feeds_target_ahead() else auto.draft
+    assert state is not None and state.valid == len(words)
+    with pytest.raises(ValueError, match="end-of-turn model"):
+        auto.end_of_turn_probability(words, model="both")  # type: ignore[arg-type]
 
 
 def test_no_score_while_the_conversation_generates(pair: Engine) -> None:

@@ -1,0 +1,106 @@
+"""Which model's end-of-turn score separates finished words from unfinished ones, on text alone.
+
+`python -m bench.turn_taking.text_scores` scores written utterances (no audio, no recogniser) with the
+bundled pair, once on the draft's cache and once on the target's (`Conversation.end_of_turn_probability`'s
+`model`), the way `LocalLLM` scores a partial: the speech system prompt, the words without their final
+mark. Each line of a text file is an utterance, a "|" where a speaker may pause: every prefix up to a "|"
+is an unfinished turn, the whole line a finished one. Two sets: `score_texts.txt` (written for this, used by
+nothing else) and the turn-taking clips' sentences (bench/turn_taking/clips.py, tuning and reported
+together). Nothing here tunes a threshold.
+
+Per model and set: the AUC (the chance a finished utterance outscores an unfinished one), the share of
+finished ones at or above the policy's `complete_score` and `early_complete_score`, the share of
+unfinished ones whose wait would reach a second (below ~0.07 with the default policy), and the share of
+finished ones above the highest unfinished score, and above all but the top 5% of them. The LAST line on
+stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.turn_taking.clips import TEXTS
+from voiceagent.llm import END_MARKS
+from voiceagent.turn_taking import DEFAULT_OPTIONS, end_silence_ms
+
+HERE = Path(__file__).parent
+MODELS = ("draft", "target")
+
+
+def utterances(lines: list[str]) -> list[tuple[str, bool]]:
+    """(words, finished) for every prefix up to a "|" (unfinished) and every whole line (finished)."""
+    out = []
+    for line in (raw.strip() for raw in lines):
+        if not line:
+            continue
+        parts = [p.strip() for p in line.split("|")]
+        out += [(" ".join(parts[:k]), False) for k in range(1, len(parts))]
+        out.append((" ".join(parts), True))
+    return out
+
+
+def clip_lines() -> list[str]:
+    return [
+        t for kind, subsets in TEXTS.items() if kind != "backchannel" for s in subsets.values() for t in s
+    ]
+
+
+def auc(finished: np.ndarray, unfinished: np.ndarray) -> float:
+    wins = [(f > unfinished).mean() + 0.5 * (f == unfinished).mean() for f in finished]
+    return float(np.mean(wins))
+
+
+def summary(scores: np.ndarray, finished: np.ndarray) -> dict[str, float]:
+    done, cut = scores[finished], scores[~finished]
+    options = DEFAULT_OPTIONS
+    top5 = np.sort(cut)[::-1][int(0.05 * cut.size)] if cut.size else 0.0
+    return {
+        "auc": round(auc(done, cut), 3),
+        "finished_at_complete_score": round(float((done >= options.complete_score).mean()), 3),
+        "finished_at_early_score": round(float((done >= options.early_complete_score).mean()), 3),
+        "unfinished_waiting_1s": round(float(np.mean([end_silence_ms(float(s)) >= 1000 for s in cut])), 3),
+        "finished_above_all_unfinished": round(float((done > cut.max()).mean()), 3),
+        "finished_above_95pct_unfinished": round(float((done > top5).mean()), 3),
+    }
+
+
+def main() -> None:
+    from engine import chat_prompt
+    from engine.turn_end import turn_marks, user_words
+    from voiceagent.config import Settings
+    from voiceagent.llm import load_local_engine
+    from voiceagent.session_options import SPEECH_SYSTEM_PROMPT
+
+    engine = load_local_engine(Settings())
+    marks = turn_marks(engine.tokenizer)
+    sets = {"score_texts": (HERE / "score_texts.txt").read_text().splitlines(), "clip_texts": clip_lines()}
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name, lines in sets.items():
+        items = utterances(lines)
+        finished = np.array([f for _, f in items])
+        results[name] = {}
+        for model in MODELS:
+            conversation = engine.new_conversation()
+            scores = []
+            for text, _ in items:
+                messages = [
+                    {"role": "system", "content": SPEECH_SYSTEM_PROMPT},
+                    {"role": "user", "content": text.rstrip(END_MARKS)},
+                ]
+                words = user_words(chat_prompt(engine.tokenizer, messages), marks.end_of_turn_id)
+                score = conversation.end_of_turn_probability(words, model=model)
+                assert score is not None
+                scores.append(score)
+            results[name][model] = summary(np.array(scores), finished)
+            n_done = int(finished.sum())
+            counts = f"{n_done} finished, {finished.size - n_done} not"
+            print(f"{name} ({counts}), {model}: {results[name][model]}", file=sys.stderr, flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
