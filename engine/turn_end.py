@@ -25,9 +25,9 @@ Which model scores (`Conversation.end_of_turn_probability`'s `model`, default th
 utterances and their prefixes at a speaker's pause (`python -m bench.turn_taking.text_scores`, the bundled
 pair) the target separates better: AUC 0.979-0.988 against 0.953-0.977, and ~73% of finished ones at the
 policy's 0.4 against ~45% ("How far away is the moon" 0.25 against the draft's 0.06). On speech, in real
-time on a CPU, it cut off three times as many pauses and lists (6 against 2 of 54 pauses) for finished
-questions ended ~65 ms sooner: the recogniser's misreadings read finished ("Back a toothbrush." for "Pack a
-toothbrush, ..."), and the target believes them more
+time on a CPU, its higher scores ended finished questions ~70-100 ms sooner but cut off three times as many
+pauses and lists (6 against 2 of 54 pauses): the recogniser's misreadings read finished ("Back a
+toothbrush." for "Pack a toothbrush, ..."), and the target believes them more
 (bench/results/2026-12-02-cpu-avx512-turn-score-model.md). "auto" is the target where it is fed the
 user's words ahead anyway (`prefill` on a compute-bound CPU), so a score's forward is the reply's
 prefill, and the draft elsewhere.

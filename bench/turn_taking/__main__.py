@@ -7,10 +7,10 @@ hesitations and backchannels, each sentence in Piper's and espeak-ng's voice, re
 $VOICEAGENT_CACHE/turn-taking. Ours (bench/turn_taking/ours.py): every clip streamed once through the real
 Endpointer, the session's recogniser (VOICEAGENT_ASR_MODEL) and LocalLLM score on the bundled models, then the
 first turn end replayed under the 320 ms silence rule (today), under the score policy with options tuned on
-the tuning clips (reported on the others), and under that policy as if partials and scores took no time (what
-the policy decides, apart from this machine's speed). Pipecat (bench/turn_taking/pipecat_turns.py): Pipecat
-1.14's Silero VAD + Smart Turn v3.2, in its own virtualenv (made on first use), on the same clips in the same
-run.
+the tuning clips (reported on the others) and under the default one, and under both as if partials and
+scores took no time (what each policy decides, apart from this machine's speed). Pipecat
+(bench/turn_taking/pipecat_turns.py): Pipecat 1.14's Silero VAD + Smart Turn v3.2, in its own virtualenv
+(made on first use), on the same clips in the same run.
 
 Figures per class: endpoint wait from the end of speech (p50/p95), cut-off rate (the turn ended before the
 speech did), false interruptions (a backchannel over the agent's reply that would cut it: for today and for
@@ -63,8 +63,8 @@ NOTES = [
     "~370-400 ms.",
     "- Cut off: the turn ended before the speech did (inside a pause; for complete clips, in the words).",
     "- Ours is timed on this machine as it was loaded (see `uptime`): a partial's decode and its score delay "
-    "the decision by their measured wall time. 'No compute delay' replays the same scores as if they came at "
-    "once: what the policy decides, apart from this machine's speed.",
+    "the decision by their measured wall time. 'No compute delay' replays the same scores under the same "
+    "policy as if they came at once: what the policy decides, apart from this machine's speed.",
     "- Pipecat ends a turn when its VAD has heard 0.2 s of silence and Smart Turn says complete (plus the "
     "inference's measured time), else after 3 s more; the wait for a final transcript that Pipecat adds is "
     "left out, so its waits are a lower bound.",
@@ -243,11 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     recordings = recordings_of(clips, args.recordings)
     reported = [r for r in recordings if r.clip.subset == "report"]
     chosen = tuned(tune, [r for r in recordings if r.clip.subset == "tune"])
+    instant = [without_delay(r) for r in reported]  # the same scores, as if they came at once
     outcomes = {
         f"silence {BASELINE_MS} ms (today)": our_outcomes(reported, BASELINE_MS, held=False),
         "score (tuned)": our_outcomes(reported, chosen, held=True),
         "score (defaults)": our_outcomes(reported, TurnTakingOptions(), held=True),
-        "score, no compute delay": our_outcomes([without_delay(r) for r in reported], chosen, held=True),
+        "score (tuned), no compute delay": our_outcomes(instant, chosen, held=True),
+        "score (defaults), no compute delay": our_outcomes(instant, TurnTakingOptions(), held=True),
     }
     inferences: list[float] = []
     if not args.skip_pipecat:
