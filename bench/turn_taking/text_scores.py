@@ -2,11 +2,11 @@
 
 `python -m bench.turn_taking.text_scores` scores written utterances (no audio, no recogniser) with the
 bundled pair, once on the draft's cache and once on the target's (`Conversation.end_of_turn_probability`'s
-`model`), the way `LocalLLM` scores a partial: the speech system prompt, the words without their final
-mark. Each line of a text file is an utterance, a "|" where a speaker may pause: every prefix up to a "|"
-is an unfinished turn, the whole line a finished one. Two sets: `score_texts.txt` (written for this, used by
-nothing else) and the turn-taking clips' sentences (bench/turn_taking/clips.py, tuning and reported
-together). Nothing here tunes a threshold.
+`model`), through `LocalLLM.end_of_turn_probability` as the session scores a partial: the speech system
+prompt, the words without their final mark. Each line of a text file is an utterance, a "|" where a speaker
+may pause: every prefix up to a "|" is an unfinished turn, the whole line a finished one. Two sets:
+`score_texts.txt` (written for this, used by nothing else) and the turn-taking clips' sentences
+(bench/turn_taking/clips.py, tuning and reported together). Nothing here tunes a threshold.
 
 Per model and set: the AUC (the chance a finished utterance outscores an unfinished one), the share of
 finished ones at or above the policy's `complete_score` and `early_complete_score`, the share of
@@ -17,18 +17,24 @@ stdout is one JSON object.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bench.turn_taking.clips import TEXTS
-from voiceagent.llm import END_MARKS
+from voiceagent.llm import LocalLLM
 from voiceagent.turn_taking import DEFAULT_OPTIONS, end_silence_ms
 
+if TYPE_CHECKING:
+    from engine import Engine
+    from engine.turn_end import ScoreModel
+
 HERE = Path(__file__).parent
-MODELS = ("draft", "target")
+MODELS: tuple[ScoreModel, ...] = ("draft", "target")
 
 
 def utterances(lines: list[str]) -> list[tuple[str, bool]]:
@@ -68,15 +74,27 @@ def summary(scores: np.ndarray, finished: np.ndarray) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    from engine import chat_prompt
-    from engine.turn_end import turn_marks, user_words
-    from voiceagent.config import Settings
-    from voiceagent.llm import load_local_engine
+async def scores_of(engine: Engine, model: ScoreModel, texts: list[str]) -> list[float]:
+    """Each text's end-of-turn score, scored as the session scores a partial (`LocalLLM`), on one
+    conversation's cache of `model`."""
     from voiceagent.session_options import SPEECH_SYSTEM_PROMPT
 
+    llm = LocalLLM(engine, turn_score_model=model)
+    scores = []
+    for text in texts:
+        messages = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": text}]
+        score = await llm.end_of_turn_probability(messages)
+        if score is None:
+            raise RuntimeError(f"no end-of-turn score on the {model} for {text!r}")
+        scores.append(score)
+    return scores
+
+
+def main() -> None:
+    from voiceagent.config import Settings
+    from voiceagent.llm import load_local_engine
+
     engine = load_local_engine(Settings())
-    marks = turn_marks(engine.tokenizer)
     sets = {"score_texts": (HERE / "score_texts.txt").read_text().splitlines(), "clip_texts": clip_lines()}
     results: dict[str, dict[str, dict[str, float]]] = {}
     for name, lines in sets.items():
@@ -84,17 +102,7 @@ def main() -> None:
         finished = np.array([f for _, f in items])
         results[name] = {}
         for model in MODELS:
-            conversation = engine.new_conversation()
-            scores = []
-            for text, _ in items:
-                messages = [
-                    {"role": "system", "content": SPEECH_SYSTEM_PROMPT},
-                    {"role": "user", "content": text.rstrip(END_MARKS)},
-                ]
-                words = user_words(chat_prompt(engine.tokenizer, messages), marks.end_of_turn_id)
-                score = conversation.end_of_turn_probability(words, model=model)
-                assert score is not None
-                scores.append(score)
+            scores = asyncio.run(scores_of(engine, model, [text for text, _ in items]))
             results[name][model] = summary(np.array(scores), finished)
             n_done = int(finished.sum())
             counts = f"{n_done} finished, {finished.size - n_done} not"
