@@ -13,8 +13,9 @@ setup: venv debian models
 
 venv: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml requirements/constraints.txt
+$(INSTALLED): pyproject.toml requirements/constraints.txt scripts/build-llama-cpp.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	scripts/build-llama-cpp.sh $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/constraints.txt -e '.[dev,piper]'
 	touch $@
 

@@ -31,6 +31,7 @@ from engine.model import LogitsMode
 MAX_BATCH = 512  # ids per forward (the engine's prefill chunk); llama.cpp splits them into UBATCH-sized runs
 UBATCH = 128  # bounds llama.cpp's compute buffers; a verify of a few ids or a 64-id prefill fits in one
 ERROR_LEVEL = 4  # GGML_LOG_LEVEL_ERROR: what llama.cpp prints of its own
+AMX_BUILT = "AMX_INT8 = 1"  # in llama_print_system_info() of a build with ggml's AMX backend
 
 
 def _llama() -> Any:
@@ -69,6 +70,28 @@ def available() -> bool:
     return True
 
 
+def extra_buffers_safe(system_info: str) -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (repacked for its multi-row kernels).
+
+    Not in a build with the AMX backend (`system_info` says AMX_INT8 = 1): AMX is the first extra buffer
+    type, it takes the Q4_K and Q6_K weights, and its matmul crashes on a forward of more than one id
+    (a segfault on the Intel Xeon with AMX here, 2026-12-02; llama.cpp issue 20824). Such a build then runs
+    on the plain CPU buffers, ~2.3x slower a step (89 against 38 ms for the bundled target) but correct.
+    `make setup` builds llama-cpp-python without AMX (scripts/build-llama-cpp.sh), so this is a fallback
+    for one installed by hand.
+    """
+    return AMX_BUILT not in system_info
+
+
+@functools.cache
+def _warn_amx_build() -> None:
+    sys.stderr.write(
+        "voiceagent: this llama-cpp-python was built with llama.cpp's AMX kernels, which crash on the "
+        "bundled 4-bit models, so the ggml backend runs without its repacked weights (~2.3x slower). "
+        "Rebuild it without AMX: scripts/build-llama-cpp.sh .venv/bin/python\n"
+    )
+
+
 @dataclass(frozen=True)
 class GgmlArgs:
     """What the engine reads of a model's shape."""
@@ -96,6 +119,9 @@ class GgmlModel:
         # of their own, so a mapped file kept their original pages resident too: the bundled pair held
         # 2559 MiB mapped against 1935 MiB read, at the same step time (AMD EPYC AVX2, 2026-12-01).
         params.load_mode = lib.LLAMA_LOAD_MODE_NONE
+        if not extra_buffers_safe(lib.llama_print_system_info().decode(errors="replace")):
+            params.use_extra_bufts = False
+            _warn_amx_build()
         self._lib = lib
         self._model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.generate import Engine, ModelState
+from engine.ggml import extra_buffers_safe
 from engine.load import load_engine
 from engine.models import converted_dir
 from engine.options import EngineOptions
@@ -123,3 +124,36 @@ def test_ggml_refuses_what_it_cannot_run() -> None:
         EngineOptions(TARGET, backend="onnx")
     with pytest.raises(ValueError, match="GGUF files"):
         load_engine(str(converted_dir(TINY)), backend="ggml")  # a safetensors checkpoint
+
+
+def test_a_build_with_amx_kernels_runs_on_plain_buffers() -> None:
+    """llama.cpp's AMX matmul crashes on the bundled Q4_K weights (a Xeon with AMX, 2026-12-02): a build
+    that has it loads the weights into plain CPU buffers instead of its extra (AMX, repacked) ones."""
+    amx = "CPU : AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+    assert not extra_buffers_safe(amx)
+    assert extra_buffers_safe("CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |")
+
+
+def test_make_setup_installed_a_build_without_amx_kernels() -> None:
+    """scripts/build-llama-cpp.sh builds llama.cpp without AMX, so the repacked kernels stay in use."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    assert extra_buffers_safe(info), info
+
+
+def test_a_verify_sized_forward_matches_one_id_forwards(tiny: Engine) -> None:
+    """A forward of several ids (a verify, a prefill: where the AMX build crashed) gives each position the
+    logits that feeding the ids one at a time gives, up to the kernels' rounding."""
+    model = tiny.target
+    prompt = question(tiny, "Name three colours.")
+    ids = [42, 43, 44, 45, 46]
+    batched_state = ModelState(model, model.new_cache())
+    batched_state.feed(prompt, 0, "none")
+    batched = batched_state.feed(ids, len(prompt), "all")
+    single_state = ModelState(model, model.new_cache())
+    single_state.feed(prompt, 0, "none")
+    singles = torch.cat([single_state.feed([t], len(prompt) + i, "all") for i, t in enumerate(ids)])
+    assert batched is not None and batched.shape == singles.shape == (len(ids), batched.shape[1])
+    assert torch.equal(batched.argmax(dim=-1), singles.argmax(dim=-1))
+    assert torch.allclose(batched, singles, atol=0.5, rtol=0)
