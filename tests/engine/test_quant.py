@@ -1,9 +1,10 @@
-"""Weight-only int8/int4 layers: close to their dequantised weights, and exact as a draft."""
+"""Quantised layers (weight-only int8/int4, W8A8): close to their dequantised weights, exact as a draft, and
+a quantised target exact under speculation."""
 
 import pytest
 import torch
 
-from engine.quant import Int4Linear, Int8Linear, quantize
+from engine.quant import Int4Linear, Int8Linear, W8A8Linear, quantize
 from engine.sampling import SamplingParams
 from tests.fakes import engine_model_from_hf, tiny_engine, tiny_hf_model
 
@@ -40,6 +41,21 @@ def test_int8_layer_computes_with_its_dequantised_weight() -> None:
     assert ((dequantised - weight).abs() <= layer.scale[:, None] / 2 + 1e-6).all()  # half a step at most
 
 
+def test_w8a8_layer_computes_with_its_dequantised_weight_and_rows_never_mix() -> None:
+    weight, bias = torch.randn(48, 96), torch.randn(48)
+    x = torch.randn(6, 96)
+    layer = W8A8Linear(weight, bias, torch.float32)
+    dequantised = layer.weight.float() * layer.scale[:, None]
+    assert ((dequantised - weight).abs() <= layer.scale[:, None] / 2 + 1e-6).all()  # half a step at most
+    x_scale = x.abs().amax(dim=1, keepdim=True) / 127  # each row rounded to 1/127 of its largest value
+    x_rounded = torch.round(x / x_scale) * x_scale
+    assert ((x_rounded - x).abs() <= x_scale / 2 + 1e-6).all()
+    torch.testing.assert_close(layer(x), x_rounded @ dequantised.t() + bias, rtol=1e-4, atol=1e-4)
+    together = layer(x)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+    assert torch.equal(together, alone)  # what a verify gives a row is what a one-id step gives it
+
+
 def test_int4_needs_whole_groups() -> None:
     with pytest.raises(ValueError, match="divisible by 32"):
         Int4Linear(torch.randn(8, 100), None, torch.float32)
@@ -71,12 +87,13 @@ def test_a_quantised_draft_keeps_the_output_exact(mode: str) -> None:
     assert speculative.metrics.acceptance_rate > 0.3
 
 
-def test_a_quantised_target_follows_its_own_logits() -> None:
+@pytest.mark.parametrize("mode", ["int4", "w8a8"])
+def test_a_quantised_target_follows_its_own_logits(mode: str) -> None:
     """A quantised target is a different model; speculative decoding is exact with respect to it."""
     target_only = tiny_engine("qwen2-bias", draft=None, seed=3, init_std=0.1, **WIDE)
     speculative = tiny_engine("qwen2-bias", seed=3, init_std=0.1, draft_noise=0.1, **WIDE)
-    quantize(target_only.target, "int4")
-    quantize(speculative.target, "int4")
+    quantize(target_only.target, mode)  # type: ignore[arg-type]
+    quantize(speculative.target, mode)  # type: ignore[arg-type]
     params = SamplingParams(max_new_tokens=30)
     expected = [t for b in target_only.new_conversation().generate([4, 5, 6], params) for t in b.token_ids]
     got = [
