@@ -57,6 +57,9 @@ bench: setup
 	$(PY) -m voiceagent bench
 	$(PY) -m bench.cpu_lane
 	$(PY) -m engine.bench.ggml_rows
+	$(PY) -m engine.bench.cpu_backends --limit 8 --max-new-tokens 64
+	$(PY) -m bench.spec_vs_plain
+	$(PY) -m engine.bench.w8a8
 	$(PY) bench/fuzz.py --messages 100000
 	$(PY) -m bench.disconnects --drops 1000
 	$(PY) -m bench.load --calls 25,50,100,150,200,300 --turns 2
