@@ -52,9 +52,14 @@ def assert_same_words(replayed: dict[str, Any], talked: dict[str, Any], log: str
     Streaming Whisper is not a pure function of the audio: its partial passes run when the CPU lets them,
     and the words they agree on shape the final transcript, so a replay may hear a word differently (one
     CI run heard "legs done a spider" for "legs does a spider"). The transcript may differ by one word in
-    seven; when it is the same, the greedy reply must be the same too.
+    seven; when it is the same, the greedy reply must be the same too. The recording is a run like any
+    other: where it misheard (one loaded CI run's final pass heard "does a aspire to have"), a replay that
+    heard the question its audio holds (to within a word in seven) heard the recorded words.
     """
-    assert word_error_rate(talked["transcript"], replayed["transcript"]) <= 0.15, log
+    words_off = min(
+        word_error_rate(truth, replayed["transcript"]) for truth in (talked["transcript"], QUESTION)
+    )
+    assert words_off <= 0.15, log
     assert replayed["reply"].strip(), log
     if normalized_words(replayed["transcript"]) == normalized_words(talked["transcript"]):
         assert replayed["reply"] == talked["reply"], log
