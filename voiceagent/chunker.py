@@ -2,7 +2,10 @@
 
 Only committed text arrives here (the engine never takes a block back), and the chunker only ever speaks
 words it was given: it holds a word until the whitespace after it has arrived (a block may end mid-word, or
-mid-number: "3." may become "3.5"), and cleanup only removes characters, never adds any.
+mid-number: "3." may become "3.5"), unless its last mark already ends it (`_ends_word`: "Hi," "Sure!"
+"Paris." with a letter before the mark), and cleanup only removes characters, never adds any. Waiting for
+the whitespace there would cost the first phrase one more target step (38-110 ms on a 2-core CPU) for a
+space that always comes.
 
 A phrase ends at a sentence end (. ! ? and line breaks), at a clause mark (, ; : and dashes) once it has
 `min_words` words, or after a word limit. The first phrase of a reply is cut sooner, at any mark or after
@@ -88,6 +91,17 @@ def _ends_sentence(word: str) -> bool:
     return stem not in _ABBREVIATIONS and not is_initial and not re.fullmatch(r"(?:[a-z]\.)+[a-z]", stem)
 
 
+def _ends_word(token: str) -> bool:
+    """A word no further text extends, though no whitespace follows yet: letters (and ' or -), then , ; !
+    ? or a sentence's full stop ("Hi," "Sure!" "Paris." "That's,"). Not "3." "1," "Mr." "e.g." "http:",
+    a link or a domain ("guide](https://example."), nor a quoted, bracketed or marked-up word, whose
+    closer comes next ('"Gracias",' "**Note**,")."""
+    core = token[:-1]
+    if not core or not core[0].isalpha() or not all(c.isalpha() or c in "'’-" for c in core):
+        return False
+    return token[-1] in ",;!?" or (token[-1] == "." and _ends_sentence(token))
+
+
 def _ends_clause(word: str) -> bool:
     core = word.rstrip(_CLOSERS)
     return bool(core) and core[-1] in _CLAUSE_END
@@ -145,7 +159,7 @@ class PhraseChunker:
                 self._buffer = self._buffer[1:]
                 continue
             end = next((i for i, c in enumerate(self._buffer) if c in _WHITESPACE), None)
-            if end is None and not final:
+            if end is None and not final and not _ends_word(self._buffer):
                 return  # a word still being written: wait for the next block
             end = len(self._buffer) if end is None else end
             token, self._buffer = self._buffer[:end], self._buffer[end:]

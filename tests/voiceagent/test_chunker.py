@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from voiceagent.chunker import DEFAULT_CHUNKING, ChunkerOptions, PhraseChunker
+from voiceagent.chunker import DEFAULT_CHUNKING, ChunkerOptions, PhraseChunker, _ends_word
 
 REPLY = (
     "Sure! The capital of France is Paris, which has about 2.1 million people. Mr. Smith, e.g. my "
@@ -54,6 +54,20 @@ def test_a_word_split_across_blocks_waits_for_its_end() -> None:
     assert chunker.flush() == ["How a"]  # the reply ended: its last word is whole now
 
 
+def test_a_word_its_mark_ends_is_spoken_without_waiting_for_the_next_block() -> None:
+    """The first phrase goes out with the block that closed it, not one target step later."""
+    chunker = PhraseChunker()
+    assert chunker.push("Hi") == []
+    assert chunker.push(",") == ["Hi,"]  # before " nice" arrives
+    assert chunker.push(" nice to meet you") == []
+    assert chunker.push(".") == ["nice to meet you."]
+    for text in ["Sure!", "Really?", "Well;", "Paris."]:
+        assert PhraseChunker().push(text) == [text]
+    # what more text may extend still waits: decimals, thousands, abbreviations, initials, quotes, URLs
+    for text in ["It's 3.", "About 1,", "Ask Mr.", "J.", 'Say "Gracias,', "See https:", "**Note**,"]:
+        assert PhraseChunker().push(text) == [], text
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_only_committed_whole_words_are_spoken_in_order(seed: int) -> None:
     words = " ".join(REPLY.split()).split(" ")
@@ -64,7 +78,8 @@ def test_only_committed_whole_words_are_spoken_in_order(seed: int) -> None:
         committed += block
         spoken += " ".join(chunker.push(block)).split()
         assert spoken == words[: len(spoken)]  # whole words, in order, nothing invented
-        whole_words_committed = len(committed.split()) - (0 if committed[-1].isspace() else 1)
+        last_is_open = not committed[-1].isspace() and not _ends_word(committed.split()[-1])
+        whole_words_committed = len(committed.split()) - last_is_open
         assert len(spoken) <= whole_words_committed  # never a word whose end has not arrived
     assert spoken + " ".join(chunker.flush()).split() == words
 
