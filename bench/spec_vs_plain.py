@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from engine.bench.cpu_backends import cpu_description, engine_generate
+from engine.bench.cpu_backends import cpu_description, engine_generate, probe_figures
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.generate import Engine
 from engine.load import chat_prompt, load_engine
@@ -58,10 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "spec_auto_over_plain_median": statistics.median(
             a / b for a, b in zip(tok_s["spec auto"], tok_s["plain"], strict=True)
         ),
-        "probe_overhead_s": speculation.probe_overhead_s,
-        "blocks_s": speculation.run_s,
-        "draft_step_ms": 1e3 * (speculation.draft_step.value or 0.0),
-        "catch_up_ms_an_id": 1e3 * (speculation.catch_up_id_s.value or 0.0),
+        **probe_figures(speculation),
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.adaptive import SpeculationStats
 from engine.bench.llama_cpp import LlamaCpp, Timed
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.generate import Engine, ModelState
@@ -57,6 +58,16 @@ def engine_generate(engine: Engine, prompt: list[int], n: int, gamma: int | str)
         ids.extend(block.token_ids)
         stats = block.stats or stats
     return Timed(ids, first_at - started, time.perf_counter() - first_at), stats
+
+
+def probe_figures(speculation: SpeculationStats) -> dict[str, float]:
+    """What the adaptive policy's probes cost, beside the blocks' time and the draft's measured costs."""
+    return {
+        "blocks_s": speculation.run_s,
+        "probe_overhead_s": speculation.probe_overhead_s,
+        "draft_step_ms": 1e3 * (speculation.draft_step.value or 0.0),
+        "catch_up_ms_an_id": 1e3 * (speculation.catch_up_id_s.value or 0.0),
+    }
 
 
 def forward_costs(engine: Engine) -> dict[str, float]:
@@ -150,13 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if torch_int4 is not None:
         summary["torch_int4_forward"] = forward_costs(torch_int4)
     summary["calibration_ms"] = {n: 1e3 * (ggml.speculation.verify_s(n) or 0.0) for n in SIZES}
-    speculation = ggml.speculation  # shared by the plain and the adaptive runs of that engine
-    summary["probes"] = {
-        "blocks_s": speculation.run_s,
-        "probe_overhead_s": speculation.probe_overhead_s,
-        "draft_step_ms": 1e3 * (speculation.draft_step.value or 0.0),
-        "catch_up_ms_an_id": 1e3 * (speculation.catch_up_id_s.value or 0.0),
-    }
+    summary["probes"] = probe_figures(ggml.speculation)  # shared by that engine's plain and adaptive runs
     summary["rows"] = rows
     return summary
 

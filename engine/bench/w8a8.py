@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.bench.cpu_backends import cpu_description, engine_generate, forward_costs
+from engine.bench.int4_profile import fastest_ms
 from engine.bundled import DEFAULT_TARGET
 from engine.generate import Engine, ModelState
 from engine.load import chat_prompt, load_engine
@@ -39,13 +40,7 @@ ROWS = (1, 5, 16, 32)
 
 
 def per_matrix_ms(run: Callable[[], object], repeats: int = 3) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - started)
-    return best / COPIES * 1e3
+    return fastest_ms(run, repeats) / COPIES
 
 
 def int_mm_all(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
