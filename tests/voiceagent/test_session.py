@@ -82,6 +82,11 @@ class Harness:
 
     async def frames(self, frame: np.ndarray, n: int) -> None:
         for _ in range(n):
+            # What the last wake-ups started runs before time moves on: a thread's result (an ASR final)
+            # may land in the same turn of the event loop as this loop's wake-up, before or after it,
+            # and the task it starts (a reply's speaker) runs a turn later; two yields cover both orders.
+            for _ in range(2):
+                await asyncio.sleep(0)
             self.clock.advance(0.02)
             await self.session.push_audio(frame)
             await asyncio.sleep(0.001)  # let worker threads and tasks run
