@@ -24,6 +24,7 @@ from engine import SamplingParams
 from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
 from engine.load import chat_prompt, load_engine
+from voiceagent.bench import DEFAULT_QUESTIONS
 from voiceagent.chunker import PhraseChunker
 from voiceagent.session_options import SessionOptions
 
@@ -31,10 +32,9 @@ from voiceagent.session_options import SessionOptions
 def first_phrase_tokens(texts: list[str]) -> tuple[str, int, int]:
     """The first phrase of a reply committed as `texts` (one per token), the number of tokens committed
     when the chunker gave it out, and when the whitespace after its words had arrived (or the reply's end)."""
-    chunker, committed = PhraseChunker(), ""
+    chunker = PhraseChunker()
     phrase, out_at = "", len(texts)
     for i, text in enumerate(texts, start=1):
-        committed += text
         phrases = chunker.push(text)
         if phrases:
             phrase, out_at = phrases[0], i
@@ -84,7 +84,7 @@ def main() -> int:
     )
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--backend", default="ggml")
-    parser.add_argument("--questions", default="bench/voice_questions.txt")
+    parser.add_argument("--questions", default=DEFAULT_QUESTIONS, type=Path)
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     print(json.dumps(run(parser.parse_args())))
