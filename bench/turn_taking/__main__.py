@@ -1,6 +1,7 @@
 """Turn-taking on generated speech: the fixed silence rule, our end-of-turn score, Pipecat's Smart Turn.
 
     .venv/bin/python -m bench.turn_taking [--out bench/results/DATE-cpu-turn-taking.md] [--skip-pipecat]
+        [--noise-dbfs -50]
 
 Clips (bench/turn_taking/clips.py): complete questions, sentences with 0.5-1.0 s pauses mid-sentence, lists,
 hesitations and backchannels, each sentence in Piper's and espeak-ng's voice, rendered once into
@@ -10,7 +11,8 @@ first turn end replayed under the 320 ms silence rule (today), under the score p
 the tuning clips (reported on the others) and under the default one, and under both as if partials and
 scores took no time (what each policy decides, apart from this machine's speed). Pipecat
 (bench/turn_taking/pipecat_turns.py): Pipecat 1.14's Silero VAD + Smart Turn v3.2, in its own virtualenv
-(made on first use), on the same clips in the same run.
+(made on first use), on the same clips in the same run. `--noise-dbfs`: the same clips with pink noise at that
+RMS level under them (clips.with_noise), as a real microphone or line has.
 
 Figures per class: endpoint wait from the end of speech (p50/p95), cut-off rate (the turn ended before the
 speech did), false interruptions (a backchannel over the agent's reply that would cut it: for today and for
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.turn_taking import report
-from bench.turn_taking.clips import Clip, build_clips
+from bench.turn_taking.clips import Clip, build_clips, with_noise
 from bench.turn_taking.ours import Recording, Scored, record, replay
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT, run_pipecat
 from bench.turn_taking.report import ClassFigures, Outcome
@@ -198,6 +200,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=Path(f"bench/results/{datetime.date.today()}-cpu-turn-taking.md")
     )
     parser.add_argument("--skip-pipecat", action="store_true", help="leave Pipecat's Smart Turn out")
+    parser.add_argument(
+        "--noise-dbfs",
+        type=float,
+        help="pink noise at this RMS level (e.g. -50) under every clip, both systems",
+    )
     parser.add_argument("--limit", type=int, default=0, help="at most this many clips per class and subset")
     parser.add_argument("--dump", type=Path, help="write every clip's partials, scores and turn ends here")
     parser.add_argument(
@@ -235,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_before = uptime()
     clips = build_clips(cache_root() / "turn-taking", log)
+    if args.noise_dbfs is not None:
+        clips = with_noise(clips, args.noise_dbfs, cache_root() / "turn-taking")
     if args.limit:
         kept: dict[tuple[str, str], int] = {}
         clips = [c for c in clips if kept.setdefault((c.kind, c.subset), 0) < args.limit and _keep(kept, c)]
@@ -263,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         "asr_s": [s.asr_s for s in scored],
     }
     misses = report.misses(reported, outcomes["score (tuned)"])
-    write_results(args.out, systems, chosen, timing, inferences, load_before, (len(tune), len(shown)), misses)
+    counts = (len(tune), len(shown))
+    write_results(args.out, systems, chosen, timing, inferences, load_before, counts, misses, args.noise_dbfs)
     summary = {
         "results": str(args.out),
         "chosen": dataclasses.asdict(chosen),
@@ -300,6 +310,7 @@ def write_results(
     load_before: str,
     n_clips: tuple[int, int],
     misses: list[str],
+    noise_dbfs: float | None = None,
 ) -> None:
     from voiceagent.config import Settings
 
@@ -307,14 +318,21 @@ def write_results(
     lines = [
         f"# Turn-taking on generated speech ({datetime.date.today()}, CPU)",
         "",
-        "Command: `.venv/bin/python -m bench.turn_taking` (in `make bench`).",
+        "Command: `.venv/bin/python -m bench.turn_taking"
+        + ("" if noise_dbfs is None else f" --noise-dbfs {noise_dbfs:g}")
+        + "` (in `make bench`).",
         "",
         f"Machine: {about['cpu']}, {about['vector']}, torch CPU capability {about['torch_cpu_capability']}, "
         f"{about['cores']} threads. Load before: `{load_before}`; after: `{uptime()}`.",
         "",
         f"Clips: {n_clips[0]} to tune on, {n_clips[1]} reported (other sentences), each sentence in Piper "
         "(en_US-joe-medium) and espeak-ng (en-us) voices. Pipecat: "
-        f"`{PIPECAT_REQUIREMENT}`, its own virtualenv.",
+        f"`{PIPECAT_REQUIREMENT}`, its own virtualenv."
+        + (
+            ""
+            if noise_dbfs is None
+            else f" Under every clip, pink noise at {noise_dbfs:g} dBFS RMS (--noise-dbfs)."
+        ),
         "",
         *report.table(systems),
         "",
