@@ -55,6 +55,7 @@ bench: setup
 	$(PY) -m engine bench --dtype bf16 --gamma auto --draft-quant int4 --compare hf --also int4:int4:auto
 	$(PY) -m engine bench --dtype fp32 --gamma 4 --limit 4
 	$(PY) -m voiceagent bench
+	$(PY) -m voiceagent bench --noise-dbfs -50
 	$(PY) -m bench.first_phrase
 	$(PY) -m bench.cpu_lane
 	$(PY) -m engine.bench.ggml_rows

@@ -103,3 +103,18 @@ def frames(pcm16: np.ndarray, size: int = FRAME_SAMPLES) -> Iterator[np.ndarray]
         if len(frame) < size:
             frame = np.concatenate([frame, np.zeros(size - len(frame), dtype=np.int16)])
         yield frame
+
+
+def pink_noise(n: int, dbfs: float, seed: int) -> np.ndarray:
+    """[n] float64 samples of pink (1/f power) noise at `dbfs` RMS (full scale 32768): the spectrum of a room
+    or a line's hiss more than white noise is. For benchmarks: generated speech ends in digital silence."""
+    spectrum = np.fft.rfft(np.random.default_rng(seed).normal(size=n))
+    spectrum /= np.sqrt(np.maximum(np.fft.rfftfreq(n, 1.0 / SAMPLE_RATE), 20.0))  # flat below 20 Hz
+    noise = np.fft.irfft(spectrum, n)
+    return noise * (32768 * 10 ** (dbfs / 20) / float(np.sqrt(np.mean(noise**2))))
+
+
+def with_noise_floor(pcm16: np.ndarray, dbfs: float, seed: int) -> np.ndarray:
+    """`pcm16` [n] int16 with `pink_noise` at `dbfs` RMS under it (clipped to int16)."""
+    noisy = pcm16.astype(np.float64) + pink_noise(len(pcm16), dbfs, seed)
+    return np.clip(np.round(noisy), -32768, 32767).astype(np.int16)

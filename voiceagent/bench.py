@@ -5,6 +5,8 @@ espeak-ng accents, in turn), padded with silence, and played through a fresh ses
 at real-time pace, exactly as `voiceagent talk IN.wav` does. Every latency is measured from the end of the
 user's speech (vad.speech_end's time: the end of the last voiced frame), so the silence the endpointer waits
 for is counted in. The process's peak resident memory is reported too: every default model is loaded in it.
+`--noise-dbfs` puts pink noise at that RMS level under every clip (`audio.with_noise_floor`): generated speech
+otherwise ends in digital silence, where Silero drops at once, and a real line never does.
 
 The table goes to stderr; the LAST line on stdout is one JSON object (`voice_to_voice` etc. with p50/p95/max).
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from voiceagent.audio import SAMPLE_RATE, read_wav, resample
+from voiceagent.audio import SAMPLE_RATE, read_wav, resample, with_noise_floor
 from voiceagent.config import Settings
 from voiceagent.replay.stats import latency_summary
 from voiceagent.wer import word_error_rate
@@ -67,10 +69,15 @@ def speak_question(text: str, voice: str, directory: Path, piper: Any) -> np.nda
 
 
 async def run_clips(
-    questions: Sequence[str], voices: Sequence[str], settings: Settings, log: Log, traces: Path | None = None
+    questions: Sequence[str],
+    voices: Sequence[str],
+    settings: Settings,
+    log: Log,
+    traces: Path | None = None,
+    noise_dbfs: float | None = None,
 ) -> tuple[list[ClipResult], float]:
-    """Loads the pipeline once, then plays every question through a fresh session; returns the results
-    and the seconds the models took to load and warm up."""
+    """Loads the pipeline once, then plays every question through a fresh session (over a noise floor at
+    `noise_dbfs`, if given); returns the results and the seconds the models took to load and warm up."""
     from voiceagent.pipeline import Pipeline  # heavy imports
     from voiceagent.talk import talk
     from voiceagent.tts import load_synthesizer
@@ -85,6 +92,8 @@ async def run_clips(
         for i, question in enumerate(questions):
             voice = voices[i % len(voices)]
             audio = speak_question(question, voice, Path(scratch), piper)
+            if noise_dbfs is not None:
+                audio = with_noise_floor(audio, noise_dbfs, seed=i)
             trace_path = (traces or Path(scratch)) / f"trace-{i:02d}.jsonl"
             trace_path.unlink(missing_ok=True)
             outcome = await talk(audio, pipeline, trace_path=trace_path)
@@ -138,13 +147,20 @@ def _cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def main(questions_path: Path, limit: int | None, settings: Settings, traces: Path | None = None) -> int:
+def main(
+    questions_path: Path,
+    limit: int | None,
+    settings: Settings,
+    traces: Path | None = None,
+    noise_dbfs: float | None = None,
+) -> int:
     log: Log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     if not questions_path.is_file():
         raise ValueError(f"{questions_path} does not exist (one question per line)")
     questions = [line.strip() for line in questions_path.read_text().splitlines() if line.strip()]
     questions = questions[:limit] if limit else questions
-    log(f"{len(questions)} questions, voices {', '.join(VOICES)}, played in real time")
+    noise = "" if noise_dbfs is None else f", over pink noise at {noise_dbfs:g} dBFS"
+    log(f"{len(questions)} questions, voices {', '.join(VOICES)}, played in real time{noise}")
     log(
         "  # voice              "
         + " ".join(f"{stage[:7]:>7}" for stage in STAGES)
@@ -152,8 +168,9 @@ def main(questions_path: Path, limit: int | None, settings: Settings, traces: Pa
     )
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
-    results, load_s = asyncio.run(run_clips(questions, VOICES, settings, log, traces))
+    results, load_s = asyncio.run(run_clips(questions, VOICES, settings, log, traces, noise_dbfs))
     summary = summarize(results, settings, load_s)
+    summary["noise_dbfs"] = noise_dbfs
     for stage in STAGES:
         figures = summary[stage]
         log(f"{stage:16} p50 {figures['p50']} ms  p95 {figures['p95']} ms  max {figures['max']} ms")

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--traces", type=Path, default=None, help="keep each clip's JSONL trace in this folder"
     )
+    bench.add_argument(
+        "--noise-dbfs", type=float, default=None, help="pink noise at this RMS level under each clip"
+    )
     bench.add_argument("--llm", default=None, help="'local' or an OpenAI-compatible URL (VOICEAGENT_LLM)")
     bench.add_argument("--target", default=None, help="local target model (VOICEAGENT_TARGET)")
     bench.add_argument("--draft", default=None, help="local draft model or 'none' (VOICEAGENT_DRAFT)")
@@ -104,7 +107,7 @@ def _talk(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from voiceagent.bench import main as bench_main
 
-    return bench_main(args.questions, args.limit, _settings(args), args.traces)
+    return bench_main(args.questions, args.limit, _settings(args), args.traces, args.noise_dbfs)
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from voiceagent.audio import SAMPLE_RATE, read_wav, resample, write_wav
+from voiceagent.audio import SAMPLE_RATE, read_wav, resample, with_noise_floor, write_wav
 
 LEAD_S = 0.5
 TRAIL_S = 3.6
@@ -219,26 +219,16 @@ def build_clips(directory: Path, log: Callable[[str], None]) -> list[Clip]:
     return clips
 
 
-def pink_noise(n: int, dbfs: float, seed: int) -> np.ndarray:
-    """[n] float64 samples of pink (1/f power) noise at `dbfs` RMS (full scale 32768): the spectrum of a room
-    or a line's hiss more than white noise is."""
-    spectrum = np.fft.rfft(np.random.default_rng(seed).normal(size=n))
-    spectrum /= np.sqrt(np.maximum(np.fft.rfftfreq(n, 1.0 / SAMPLE_RATE), 20.0))  # flat below 20 Hz
-    noise = np.fft.irfft(spectrum, n)
-    return noise * (32768 * 10 ** (dbfs / 20) / float(np.sqrt(np.mean(noise**2))))
-
-
 def with_noise(clips: list[Clip], dbfs: float, directory: Path) -> list[Clip]:
-    """Copies of `clips` with pink noise at `dbfs` RMS under the whole clip (seeded by the clip's name), as
-    any microphone or phone line has: generated speech otherwise ends in digital silence, where Silero
-    drops at once. Written once beside the clean ones; the reference end of speech stays the clean one's."""
+    """Copies of `clips` with pink noise (`voiceagent.audio.pink_noise`) at `dbfs` RMS under the whole
+    clip (seeded by the clip's name), as any microphone or phone line has: generated speech otherwise ends in
+    digital silence, where Silero drops at once. Written once beside the clean ones; the reference end of
+    speech stays the clean one's."""
     noisy = []
     for clip in clips:
         path = directory / f"{Path(clip.path).stem}-noise{abs(dbfs):g}.wav"
         if not path.exists():
-            audio = read_wav(clip.path).astype(np.float64)
             seed = int(hashlib.sha256(clip.name.encode()).hexdigest()[:8], 16)
-            audio += pink_noise(len(audio), dbfs, seed)
-            write_wav(path, np.clip(np.round(audio), -32768, 32767).astype(np.int16), SAMPLE_RATE)
+            write_wav(path, with_noise_floor(read_wav(clip.path), dbfs, seed), SAMPLE_RATE)
         noisy.append(Clip(**{**asdict(clip), "path": str(path)}))
     return noisy

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.turn_taking.clips import Clip, pink_noise, with_noise
-from voiceagent.audio import SAMPLE_RATE, read_wav, write_wav
+from bench.turn_taking.clips import Clip, with_noise
+from voiceagent.audio import SAMPLE_RATE, pink_noise, read_wav, write_wav
 
 
 def _level_dbfs(samples: np.ndarray) -> float:

@@ -5,7 +5,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voiceagent.audio import frames, mulaw_decode, mulaw_encode, read_wav, resample, write_wav
+from voiceagent.audio import (
+    frames,
+    mulaw_decode,
+    mulaw_encode,
+    read_wav,
+    resample,
+    with_noise_floor,
+    write_wav,
+)
 
 
 def tone(hz: float, rate: int, seconds: float = 0.5, amplitude: float = 0.5) -> np.ndarray:
@@ -55,3 +63,14 @@ def test_not_audio_is_a_clear_error(tmp_path: Path) -> None:
 def test_frames_are_20_ms_and_padded() -> None:
     chunks = list(frames(np.ones(700, dtype=np.int16)))
     assert [len(c) for c in chunks] == [320, 320, 320] and chunks[-1][60:].sum() == 0
+
+
+def test_a_noise_floor_goes_under_the_audio_at_its_level() -> None:
+    speech = np.zeros(16000, dtype=np.int16)
+    speech[:8000] = 10000
+    noisy = with_noise_floor(speech, -50.0, seed=7)
+    assert noisy.dtype == np.int16 and noisy.shape == speech.shape
+    floor = noisy[8000:].astype(np.float64)
+    assert abs(20 * np.log10(np.sqrt(np.mean(floor**2)) / 32768) + 50.0) < 1.0
+    assert np.mean(np.abs(noisy[:8000].astype(np.int32) - 10000)) < 150  # the speech stays (noise ~104 RMS)
+    assert np.array_equal(noisy, with_noise_floor(speech, -50.0, seed=7))  # seeded: the same every run
