@@ -328,11 +328,7 @@ def write_results(
         f"Clips: {n_clips[0]} to tune on, {n_clips[1]} reported (other sentences), each sentence in Piper "
         "(en_US-joe-medium) and espeak-ng (en-us) voices. Pipecat: "
         f"`{PIPECAT_REQUIREMENT}`, its own virtualenv."
-        + (
-            ""
-            if noise_dbfs is None
-            else f" Under every clip, pink noise at {noise_dbfs:g} dBFS RMS (--noise-dbfs)."
-        ),
+        + ("" if noise_dbfs is None else f" Under every clip, pink noise at {noise_dbfs:g} dBFS RMS."),
         "",
         *report.table(systems),
         "",
