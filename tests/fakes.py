@@ -166,6 +166,7 @@ class FakeEndpointer:
         self.level, self.end_frames, self.frame_ns = level, end_frames, frame_ns
         self._speaking, self._quiet, self._last_voiced_end = False, 0, 0
         self.guarded = False
+        self.waits: list[tuple[int, bool | None]] = []  # each set_end_silence_ms: (ms, from_quiet)
 
     def push(self, frame: Any, t_ns: int) -> list[FakeEdge]:
         voiced = int(abs(frame.astype("int32")).max()) > self.level * (4 if self.guarded else 1)
@@ -194,8 +195,9 @@ class FakeEndpointer:
     def last_voiced_ns(self) -> int:
         return self._last_voiced_end
 
-    def set_end_silence_ms(self, ms: int) -> None:
+    def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None:
         self.end_frames = max(1, -(-ms * 1_000_000 // self.frame_ns))
+        self.waits.append((ms, from_quiet))
 
 
 class FakeTranscript:

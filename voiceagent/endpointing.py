@@ -59,10 +59,17 @@ class ScoredEndpointing:
         policy's `heard_slack_ms`; the default slack under the silence rule)."""
         return heard_all(heard_until_ns, self.endpointer.last_voiced_ns(), self.options or DEFAULT_OPTIONS)
 
-    def before_frame(self) -> None:
-        """Called for each input frame before the endpointer hears it: the wait the latest score says."""
-        if self.wait is not None:
-            self.endpointer.set_end_silence_ms(self.wait.wait_ms(self.endpointer.last_voiced_ns()))
+    def before_frame(self, scoring: bool = False) -> None:
+        """Called for each input frame before the endpointer hears it: the wait the latest score says
+        (`scoring`: a partial is being decoded or scored, `EndOfTurnWait.wait_ms`).
+        The wait of finished words (`complete_silence_ms`) only confirms that the sound stopped, and counts
+        from where the audio went quiet (`Endpointer.quiet_ms`, ~96 ms ahead of Silero's silence over a
+        noise floor); the longer ones are guesses at a pause's length and budgets for a partial's decode
+        and score, tuned on Silero's silence, and count from it."""
+        if self.wait is not None and self.options is not None:
+            wait = self.wait.wait_ms(self.endpointer.last_voiced_ns(), scoring=scoring)
+            from_quiet = wait <= self.options.complete_silence_ms
+            self.endpointer.set_end_silence_ms(wait, from_quiet=from_quiet)
 
     async def score(self, turn: int, messages: Sequence[Message], heard_until_ns: int) -> None:
         """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio)."""

@@ -153,7 +153,7 @@ class Session:
         else:
             self._after_end.append(frame)
         self.barge_ins.tick(t)
-        self.endpointing.before_frame()
+        self.endpointing.before_frame(scoring=self._decoding is not None)
         for edge in self.endpointer.push(frame, t):
             if edge.kind == "speech_start":
                 self._start_utterance(edge)

@@ -35,7 +35,8 @@ class EndpointerLike(Protocol):
 
     def last_voiced_ns(self) -> int: ...  # the end of the last voiced audio
 
-    def set_end_silence_ms(self, ms: int) -> None: ...  # the silence that ends speech, from now on
+    # the silence that ends speech, from now on (`from_quiet`: counted from the quiet tail's start)
+    def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None: ...
 
 
 class TranscriptLike(Protocol):

@@ -21,6 +21,10 @@ wait follows it:
   `heard_slack_ms`, 80): never less than `pending_silence_ms` (500), long enough for the partial at the
   pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
   not end the turn on its own.
+- while a partial is still being decoded or scored, a wait that is `pending_silence_ms` only to let its
+  score come (none yet, words after the scored ones, an unsettled score) holds at
+  `incomplete_silence_ms`: on a loaded CPU a pass and its score take longer than 500 ms, and ending the
+  turn without the score cut off pauses it would have kept.
 - words ending in two or more digits or digits' words (a number being dictated, paused in): as
   incomplete (`digits_wait`).
 - a partial that heard every word said and found none (a breath, a cough, a first word too short to read
@@ -169,17 +173,31 @@ class EndOfTurnWait:
         if self._score is None:
             self._no_words_until_ns = heard_until_ns
 
-    def wait_ms(self, last_voiced_ns: int) -> int:
-        """The silence that ends the turn, given the endpointer's `last_voiced_ns()`."""
+    def wait_ms(self, last_voiced_ns: int, scoring: bool = False) -> int:
+        """The silence that ends the turn, given the endpointer's `last_voiced_ns()`. `scoring`: a partial
+        is being decoded or scored now. A wait raised to `pending_silence_ms` only to let a coming score
+        arrive is then held at `incomplete_silence_ms` until it does: on a loaded CPU a decode and its
+        score can take longer than the pending wait (bench/results/2026-12-03-cpu-xeon-amx-held-wait.md),
+        and ending the turn without the score cut off pauses that it would have kept."""
+        wait, awaiting = self._wait_ms(last_voiced_ns)
+        if scoring and awaiting:
+            return max(wait, self.options.incomplete_silence_ms)
+        return wait
+
+    def _wait_ms(self, last_voiced_ns: int) -> tuple[int, bool]:
+        """The wait, and whether it only waits for a score to come (the pending wait)."""
+        options = self.options
         if self._score is None:
             silent = self._no_words_until_ns
-            if silent is not None and heard_all(silent, last_voiced_ns, self.options):
-                return self.options.incomplete_silence_ms
-            return self.options.fallback_silence_ms if self._unscorable else self.options.pending_silence_ms
-        options = self.options
+            if silent is not None and heard_all(silent, last_voiced_ns, options):
+                return options.incomplete_silence_ms, False
+            if self._unscorable:
+                return options.fallback_silence_ms, False
+            return options.pending_silence_ms, True
         heard = heard_all(self._heard_until_ns, last_voiced_ns, options)
-        wait = end_silence_ms(self._score, options, heard_all=heard)
+        wait = end_silence_ms(self._score, options)
         settled = self._heard_until_ns - last_voiced_ns >= options.settled_silence_ms * 1_000_000
-        if not settled and options.complete_score <= self._score < options.early_complete_score:
-            return max(wait, options.pending_silence_ms)
-        return wait
+        unsettled = not settled and options.complete_score <= self._score < options.early_complete_score
+        if (not heard or unsettled) and wait < options.pending_silence_ms:
+            return options.pending_silence_ms, True
+        return wait, False

@@ -9,11 +9,23 @@ Decisions (all in `VadOptions`):
 - speech_start: chunks at or above `threshold` adding up to `min_speech_ms` (a dip below
   `threshold - hysteresis` before that starts over), with a mean level of at least `min_level_dbfs`. Its
   `t_ns` is the start of the first voiced chunk.
-- speech_end: `end_silence_ms` of chunks below `threshold - hysteresis` after speech. Its `t_ns` is the END of
-  the last voiced chunk, so the wait is visible as `confirmed_ns - t_ns`. `set_end_silence_ms` changes the
-  wait on the fly (the turn-taking policy, voiceagent/turn_taking.py, shortens it for a finished sentence and
-  lengthens it for a cut one); it applies to the silence under way, so a silence already longer than the
-  new wait ends the speech at the next chunk.
+- speech_end: at a chunk below `threshold - hysteresis`, once `end_silence_ms` have passed since the last
+  voiced chunk, or since the quiet tail began (`end_from_quiet`, below). Its `t_ns` is the END of the
+  last voiced chunk (Silero's), so `confirmed_ns - t_ns` is the wait (less the quiet tail Silero called
+  voiced, when counted from it). `set_end_silence_ms` changes the wait on the fly (the turn-taking policy,
+  voiceagent/turn_taking.py, shortens it for a finished sentence and lengthens it for a cut one); it
+  applies to the silence under way, so a silence already longer than the new wait ends the speech at the
+  next chunk.
+- The quiet tail: Silero's probability lags the end of a word by ~50-100 ms (its recurrent state), so
+  `silence_ms` starts late. `quiet_ms` counts from the end of the last chunk that was also loud: within
+  `quiet_margin_db` of the noise floor (a running mean of the silent chunks' level) and at least
+  `quiet_min_drop_db` under the utterance's speech level (the mean of its voiced chunks), or
+  `quiet_drop_db` under it whatever the noise. The short wait of a finished sentence is counted from it
+  (voiceagent/endpointing.py); but speech ends only on a chunk Silero calls silent, since a gap between
+  words or a stop consonant's closure inside one is quiet too. Over
+  digital silence both start within a chunk of each other; over a noise floor, as on every microphone,
+  the quiet tail starts ~96 ms sooner (p50 over the turn-taking clips at -50 dBFS, 32-160 ms); over
+  noise within `quiet_min_drop_db` of the speech it never starts, and Silero alone decides.
 - Echo guard (`set_guard(True)` while the agent speaks on a phone line, where echo cancellation is not ours):
   a start needs `guard_threshold`, `guard_min_speech_ms` and `guard_min_level_dbfs`. Silero scores speech the
   same at any loudness, so the level tells the agent's own attenuated echo from a user talking over it.
@@ -64,6 +76,12 @@ class VadOptions:
     guard_threshold: float = 0.8  # echo guard: a surer start ...
     guard_min_speech_ms: int = 256  # ... a longer one ...
     guard_min_level_dbfs: float = -40.0  # ... and a louder one (echo returns >= 20 dB below normal speech)
+    quiet_drop_db: float = 35.0  # a chunk this far under the utterance's speech level is quiet (quiet_ms) ...
+    quiet_margin_db: float = 10.0  # ... as is one within this of the noise floor ...
+    quiet_min_drop_db: float = 15.0  # ... if it is at least this far under the speech level
+    # speech_end's silence counted from the quiet tail's start, not from the end of Silero's last voiced chunk
+    # (the fixed rule's default; `set_end_silence_ms` says it for each wait it sets)
+    end_from_quiet: bool = False
 
     def __post_init__(self) -> None:
         for name in ("threshold", "guard_threshold"):
@@ -71,6 +89,11 @@ class VadOptions:
                 raise ValueError(f"VadOptions.{name} must be in (0, 1), got {getattr(self, name)}")
         if not 0.0 <= self.hysteresis < self.threshold:
             raise ValueError(f"VadOptions.hysteresis must be in [0, threshold), got {self.hysteresis}")
+        if not 0.0 <= self.quiet_min_drop_db <= self.quiet_drop_db or self.quiet_margin_db < 0.0:
+            raise ValueError(
+                "VadOptions needs 0 <= quiet_min_drop_db <= quiet_drop_db and quiet_margin_db >= 0, got "
+                f"{self.quiet_min_drop_db}, {self.quiet_drop_db} and {self.quiet_margin_db}"
+            )
         for name in ("min_speech_ms", "end_silence_ms", "guard_min_speech_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"VadOptions.{name} must be >= 0, got {getattr(self, name)}")
@@ -116,6 +139,7 @@ class Endpointer:
         self._model = model  # None: the shared model, loaded at the first push
         self._guard = False
         self._end_silence_ms = self.options.end_silence_ms
+        self._end_from_quiet = self.options.end_from_quiet
         self.reset()
 
     def reset(self) -> None:
@@ -126,6 +150,10 @@ class Endpointer:
         self._pending_start_ns = 0
         self._speaking = False
         self._last_voiced_end_ns = 0
+        self._last_loud_end_ns = 0
+        self._noise_db: float | None = None  # running mean level of the silent chunks
+        self._speech_power = 0.0  # sum of linear power over the utterance's voiced chunks ...
+        self._speech_chunks = 0  # ... and how many
         self._onset_ns: int | None = None
         self._onset_voiced_ns = 0
         self._onset_power = 0.0  # sum of linear power over the onset's voiced chunks
@@ -149,6 +177,15 @@ class Endpointer:
         # head starts and regular partials, which wait for no silence.
         return gap_ms if gap_ms >= CHUNK_MS / 2 else 0.0
 
+    def quiet_ms(self) -> float:
+        """While speaking: how long the audio has been quiet (see the module docstring), at least
+        `silence_ms`; else 0. That the user stopped, ahead of Silero; a gap between words or a closure in
+        one reads quiet too."""
+        if not self._speaking:
+            return 0.0
+        gap_ms = (self._pending_start_ns - self._last_loud_end_ns) / 1e6
+        return gap_ms if gap_ms >= CHUNK_MS / 2 else 0.0
+
     def last_voiced_ns(self) -> int:
         """The end of the last voiced chunk of the current (or last) speech: a partial transcript whose
         audio reaches this far heard every word said so far."""
@@ -159,12 +196,14 @@ class Endpointer:
         """The silence that now ends speech (VadOptions.end_silence_ms until set_end_silence_ms)."""
         return self._end_silence_ms
 
-    def set_end_silence_ms(self, ms: int) -> None:
+    def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None:
         """Ends speech after `ms` of silence from now on, the silence under way included: if it already
-        lasted `ms`, speech_end comes with the next scored chunk (within 32 ms)."""
+        lasted `ms`, speech_end comes with the next scored chunk (within 32 ms). `from_quiet`: counted
+        from the quiet tail's start (None: `VadOptions.end_from_quiet`)."""
         if not isinstance(ms, int | np.integer) or ms < 0:
             raise ValueError(f"the end-of-speech silence must be a whole number of ms >= 0, got {ms!r}")
         self._end_silence_ms = int(ms)
+        self._end_from_quiet = self.options.end_from_quiet if from_quiet is None else from_quiet
 
     def set_guard(self, active: bool) -> None:
         """Echo guard on/off: while on, a speech_start needs the guard_* thresholds (see VadOptions)."""
@@ -201,10 +240,17 @@ class Endpointer:
 
     def _decide(self, p: float, level: float, start_ns: int, end_ns: int, now_ns: int) -> VadEdge | None:
         o = self.options
+        if p < o.threshold - o.hysteresis:
+            self._hear_noise(level)
         if self._speaking:
+            if p >= o.threshold:
+                self._speech_power += 10.0 ** (level / 10.0)
+                self._speech_chunks += 1
             if p >= o.threshold - o.hysteresis:
                 self._last_voiced_end_ns = end_ns
-            elif end_ns - self._last_voiced_end_ns >= self._end_silence_ms * 1_000_000:
+                if not self._quiet(level):
+                    self._last_loud_end_ns = end_ns
+            elif end_ns - self._silence_from_ns() >= self._end_silence_ms * 1_000_000:
                 self._speaking = False
                 return VadEdge("speech_end", self._last_voiced_end_ns, now_ns)
             return None
@@ -224,5 +270,27 @@ class Endpointer:
         if self._onset_voiced_ns < min_speech_ms * 1_000_000 or mean_level < min_level:
             return None
         onset_ns, self._onset_ns = self._onset_ns, None
-        self._speaking, self._last_voiced_end_ns = True, end_ns
+        self._speaking, self._last_voiced_end_ns, self._last_loud_end_ns = True, end_ns, end_ns
+        self._speech_power, self._speech_chunks = self._onset_power, self._onset_chunks
         return VadEdge("speech_start", onset_ns, now_ns)
+
+    def _silence_from_ns(self) -> int:
+        """Where the silence that ends speech is counted from: the end of the last loud voiced chunk
+        (`end_from_quiet`), or of the last voiced one."""
+        return self._last_loud_end_ns if self._end_from_quiet else self._last_voiced_end_ns
+
+    def _hear_noise(self, level: float) -> None:
+        """A silent chunk's level into the noise floor (a running mean in dB; digital silence counts as
+        -100 dBFS, so one zeroed chunk does not make the floor meaningless)."""
+        level = max(level, -100.0)
+        self._noise_db = level if self._noise_db is None else 0.9 * self._noise_db + 0.1 * level
+
+    def _quiet(self, level: float) -> bool:
+        """A voiced chunk at `level` dBFS is quiet (the module docstring's quiet tail)."""
+        o = self.options
+        speech_db = 10.0 * np.log10(self._speech_power / max(1, self._speech_chunks) + 1e-12)
+        threshold = speech_db - o.quiet_drop_db
+        if self._noise_db is not None:
+            near_noise = min(self._noise_db + o.quiet_margin_db, speech_db - o.quiet_min_drop_db)
+            threshold = max(threshold, near_noise)
+        return level < threshold

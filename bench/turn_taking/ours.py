@@ -230,8 +230,10 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
             else:
                 wait.heard_no_words(known.heard_until_ns)
             n_known += 1
-        if wait is not None and endpointer.speaking():
-            endpointer.set_end_silence_ms(wait.wait_ms(endpointer.last_voiced_ns()))
+        if wait is not None and endpointer.speaking():  # as `ScoredEndpointing.before_frame`
+            scoring = any(s.heard_until_ns - FRAME_NS < t < s.known_ns for s in pending)  # one in flight
+            ms = wait.wait_ms(endpointer.last_voiced_ns(), scoring=scoring)
+            endpointer.set_end_silence_ms(ms, from_quiet=ms <= wait.options.complete_silence_ms)
         for edge in endpointer.push(frame, t):
             if edge.kind == "speech_start" and start_ns is None:
                 start_ns = edge.t_ns

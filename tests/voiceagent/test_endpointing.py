@@ -74,6 +74,10 @@ def test_complete_words_end_the_turn_after_a_short_silence() -> None:
     assert 100 <= endpoint_wait_ms(h) < 180, endpoint_wait_ms(h)  # the fake's own rule: 180 ms
     scores = [r for r in h.trace.records if r["event"] == "turn.score"]
     assert scores and scores[-1]["score"] == 0.9 and scores[-1]["wait_ms"] == 120
+    # The finished sentence's wait counts from where the audio went quiet; the waits before it from
+    # Silero's silence (they are budgets for a partial's score and guesses at a pause).
+    waits = set(h.session.endpointer.waits)
+    assert (120, True) in waits and {quiet for ms, quiet in waits if ms > 120} == {False}
 
 
 def test_a_sentence_paused_mid_way_is_heard_as_one_turn() -> None:
@@ -178,3 +182,23 @@ def test_a_pause_before_the_first_word_is_readable_keeps_the_turn_open() -> None
     h = run(scenario, llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
     assert len(h.of(SpeechEnded)) == 1, "the pause before the first readable word ended the turn"
     assert [e.text for e in h.of(TranscriptFinal)] == ["could you call my sister"]
+
+
+def test_a_pause_is_held_while_its_partial_is_still_decoding() -> None:
+    """On a loaded CPU a partial can take longer than the pending wait: "remind me to" ... 1 s ... "call
+    my sister", each pass returning 40 frames (800 ms) after it began. Until a partial that heard the
+    words returns with its score, the pending wait (700 ms here) does not end the turn."""
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 50)
+        await h.frames(LOUD, 30)
+        await h.frames(QUIET, 100)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+        h.play(1)
+
+    llm = ScoringLLM()
+    recognizer = LaggingRecognizer("remind me to call my sister", lag_frames=40)
+    h = run(scenario, llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
+    assert len(h.of(SpeechEnded)) == 1, "the pending wait ended the turn while a partial was decoding"
+    assert [e.text for e in h.of(TranscriptFinal)] == ["remind me to call my sister"]

@@ -100,3 +100,22 @@ def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn
     assert OPTIONS.complete_score <= 0.5 < OPTIONS.early_complete_score
     with pytest.raises(ValueError, match="early_complete_score"):
         TurnTakingOptions(complete_score=0.5, early_complete_score=0.4)
+
+
+def test_a_wait_for_a_coming_score_is_held_while_a_partial_decodes() -> None:
+    """The pending wait is time for a partial's score to come; while one is still being decoded or scored
+    (a loaded CPU) it holds at the incomplete wait. A wait the score itself says is never held."""
+    ms = 1_000_000
+    wait = EndOfTurnWait()
+    assert wait.wait_ms(1_000 * ms, scoring=True) == OPTIONS.incomplete_silence_ms  # no score yet
+    assert wait.wait_ms(1_000 * ms, scoring=False) == OPTIONS.pending_silence_ms
+    wait.scored(0.9, heard_until_ns=2_000 * ms)
+    assert wait.wait_ms(1_980 * ms, scoring=True) == OPTIONS.complete_silence_ms  # heard it all: no hold
+    assert wait.wait_ms(2_500 * ms, scoring=True) == OPTIONS.incomplete_silence_ms  # words came after it
+    assert wait.wait_ms(2_500 * ms, scoring=False) == OPTIONS.pending_silence_ms
+    wait.scored(0.5, heard_until_ns=3_000 * ms)  # finished-looking, but heard little silence (unsettled)
+    assert wait.wait_ms(2_990 * ms, scoring=True) == OPTIONS.incomplete_silence_ms
+    assert wait.wait_ms(2_990 * ms, scoring=False) == OPTIONS.pending_silence_ms
+    wait.scored(0.02, heard_until_ns=4_000 * ms)  # a graded wait longer than the pending one: as it is
+    graded = end_silence_ms(0.02)
+    assert graded > OPTIONS.pending_silence_ms and wait.wait_ms(3_990 * ms, scoring=True) == graded

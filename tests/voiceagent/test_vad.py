@@ -30,7 +30,7 @@ def test_finds_the_start_and_the_end_of_each_sentence(speech: list[np.ndarray]) 
     for clip in speech:
         audio = np.concatenate([silence(1.0), clip, silence(1.0)])
         start_s, end_s = voiced_bounds(audio)
-        edges = run(audio)
+        edges = run(audio, Endpointer(VadOptions(end_from_quiet=False)))  # the wait from Silero's last voiced
         assert [e.kind for e in edges] == ["speech_start", "speech_end"]
         start, end = edges
         # Silero scores 32 ms chunks: the edges land within a chunk or two of the audible speech.
@@ -38,6 +38,8 @@ def test_finds_the_start_and_the_end_of_each_sentence(speech: list[np.ndarray]) 
         assert -0.06 <= end.t_ns / 1e9 - end_s <= 0.12
         assert 0.05 <= (start.confirmed_ns - start.t_ns) / 1e9 <= 0.2  # min_speech_ms plus buffering
         assert 0.28 <= (end.confirmed_ns - end.t_ns) / 1e9 <= 0.34  # the 320 ms end-of-speech wait
+        quiet_end = run(audio, Endpointer(VadOptions(end_from_quiet=True)))[-1]  # espeak's words fade out
+        assert end.t_ns == quiet_end.t_ns and 0.15 <= (quiet_end.confirmed_ns - end.t_ns) / 1e9 <= 0.34
 
 
 def test_the_end_of_speech_wait_is_configurable(speech: list[np.ndarray]) -> None:
@@ -196,3 +198,86 @@ def test_a_longer_wait_keeps_a_paused_sentence_one_utterance(speech: list[np.nda
     assert [e.kind for e in run(audio, endpointer)] == ["speech_start", "speech_end"]
     with pytest.raises(ValueError, match="whole number of ms"):
         endpointer.set_end_silence_ms(-5)
+
+
+def _quiet_lead_ms(endpointer: Endpointer, audio: np.ndarray) -> float:
+    """Pushes `audio`; returns how long `quiet_ms` had run when the last silence began (checking on every
+    frame that it never lags `silence_ms`)."""
+    lead, silent = None, False
+    for i, frame in enumerate(frames(audio)):
+        endpointer.push(frame, i * FRAME_NS)
+        silence_ms, quiet_ms = endpointer.silence_ms(), endpointer.quiet_ms()
+        assert quiet_ms >= silence_ms
+        if silence_ms > 0.0 and not silent:
+            lead = quiet_ms - silence_ms
+        silent = silence_ms > 0.0
+    assert lead is not None, "the silence never began"
+    return lead
+
+
+@pytest.mark.parametrize(("noise_dbfs", "least_lead_ms"), [(None, 0.0), (-60.0, 32.0), (-50.0, 32.0)])
+def test_the_quiet_tail_leads_silero_s_silence_at_the_end_of_speech(
+    speech: list[np.ndarray], noise_dbfs: float | None, least_lead_ms: float
+) -> None:
+    """Over a noise floor (any real line: 25-40 dB under the speech) Silero calls the ~30-100 ms after the
+    last word voiced; the level says quiet a chunk or more sooner. Over digital silence Silero drops at
+    once, and the quiet tail never lags it."""
+    rng = np.random.default_rng(0)
+    for clip in speech:
+        audio = np.concatenate([silence(0.5), clip, silence(0.6)]).astype(np.float64)
+        if noise_dbfs is not None:
+            audio += rng.normal(0.0, 32768 * 10 ** (noise_dbfs / 20), audio.shape)
+        pcm = np.clip(audio, -32768, 32767).astype(np.int16)
+        assert _quiet_lead_ms(Endpointer(VadOptions(end_silence_ms=60_000)), pcm) >= least_lead_ms
+
+
+def test_loud_noise_is_never_quiet(speech: list[np.ndarray]) -> None:
+    """Over noise as loud as the speech the level tells nothing: `quiet_ms` is `silence_ms`."""
+    rng = np.random.default_rng(1)
+    audio = np.concatenate([silence(0.5), voiced(speech[1]), silence(0.6)]).astype(np.float64)
+    audio += rng.normal(0.0, 32768 * 10 ** (-26 / 20), audio.shape)
+    pcm = np.clip(audio, -32768, 32767).astype(np.int16)
+    endpointer = Endpointer(VadOptions(end_silence_ms=60_000))
+    for i, frame in enumerate(frames(pcm)):
+        endpointer.push(frame, i * FRAME_NS)
+        assert endpointer.quiet_ms() == endpointer.silence_ms()
+
+
+@pytest.mark.parametrize("noise_dbfs", [None, -50.0])
+def test_speech_ends_counting_from_the_quiet_tail(speech: list[np.ndarray], noise_dbfs: float | None) -> None:
+    """The silence that ends speech counts from the quiet tail's start (`end_from_quiet`): over a noise
+    floor a chunk or more sooner than from Silero's last voiced chunk, never later, and never before
+    Silero's silence has begun."""
+    rng = np.random.default_rng(2)
+    sooner = []
+    for clip in speech:
+        audio = np.concatenate([silence(0.5), clip, silence(0.8)]).astype(np.float64)
+        if noise_dbfs is not None:
+            audio += rng.normal(0.0, 32768 * 10 ** (noise_dbfs / 20), audio.shape)
+        pcm = np.clip(audio, -32768, 32767).astype(np.int16)
+        ends = []
+        for from_quiet in (True, False):
+            endpointer = Endpointer(VadOptions(end_silence_ms=160, end_from_quiet=from_quiet))
+            edges = [e for e in run(pcm, endpointer) if e.kind == "speech_end"]
+            assert len(edges) == 1
+            ends.append(edges[0])
+        quiet_end, voiced_end = ends
+        assert quiet_end.t_ns == voiced_end.t_ns  # the same last voiced chunk
+        assert quiet_end.t_ns < quiet_end.confirmed_ns <= voiced_end.confirmed_ns
+        sooner.append((voiced_end.confirmed_ns - quiet_end.confirmed_ns) / 1e6)
+    if noise_dbfs is not None:
+        assert np.median(sooner) >= 32.0
+
+
+def test_each_wait_says_where_it_counts_from(speech: list[np.ndarray]) -> None:
+    """`set_end_silence_ms(ms, from_quiet=...)` overrides `VadOptions.end_from_quiet` for that wait."""
+    rng = np.random.default_rng(3)
+    audio = np.concatenate([silence(0.5), speech[1], silence(0.8)]).astype(np.float64)
+    audio += rng.normal(0.0, 32768 * 10 ** (-50 / 20), audio.shape)
+    pcm = np.clip(audio, -32768, 32767).astype(np.int16)
+    ends = {}
+    for from_quiet in (True, False):
+        endpointer = Endpointer(VadOptions(end_from_quiet=not from_quiet))
+        endpointer.set_end_silence_ms(160, from_quiet=from_quiet)
+        ends[from_quiet] = run(pcm, endpointer)[-1]
+    assert ends[True].t_ns == ends[False].t_ns and ends[True].confirmed_ns < ends[False].confirmed_ns
