@@ -22,10 +22,10 @@ Decisions (all in `VadOptions`):
   `quiet_min_drop_db` under the utterance's speech level (the mean of its voiced chunks), or
   `quiet_drop_db` under it whatever the noise. The short wait of a finished sentence is counted from it
   (voiceagent/endpointing.py); but speech ends only on a chunk Silero calls silent, since a gap between
-  words or a stop consonant's closure inside one is quiet too. Over
-  digital silence both start within a chunk of each other; over a noise floor, as on every microphone,
-  the quiet tail starts ~96 ms sooner (p50 over the turn-taking clips at -50 dBFS, 32-160 ms); over
-  noise within `quiet_min_drop_db` of the speech it never starts, and Silero alone decides.
+  words or a stop consonant's closure inside one is quiet too. Over digital silence both start within a
+  chunk of each other; over a noise floor, as on every microphone, the quiet tail starts ~96 ms sooner
+  (p50 over the turn-taking clips at -50 dBFS, 32-160 ms); over noise within `quiet_min_drop_db` of the
+  speech it never starts, and Silero alone decides.
 - Echo guard (`set_guard(True)` while the agent speaks on a phone line, where echo cancellation is not ours):
   a start needs `guard_threshold`, `guard_min_speech_ms` and `guard_min_level_dbfs`. Silero scores speech the
   same at any loudness, so the level tells the agent's own attenuated echo from a user talking over it.
