@@ -26,10 +26,16 @@ from torch import Tensor, nn
 
 from engine.bundled import BUNDLED
 from engine.config import ModelArgs
+from engine.cpu_kernels import gguf_mm
+from engine.cpu_kernels.linear import GgufKernelLinear
+from engine.cpu_kernels.pack import PackedMatrix, concat_packed, pack_q4k, pack_q6k
 from engine.model import Block, Transformer, rope_tables
 from engine.models import Log, log_to_stderr, resolve_gguf
 from engine.q4k import Q4KGroups, concat_rows, unpack_q4k
-from engine.quant import GGUF_INT4, Int4Linear, check_device
+from engine.quant import GGUF_A8, GGUF_INT4, Int4Linear, QuantMode, check_device
+
+# The matrix types the engine's own CPU kernel takes as they are (quant "gguf-a8").
+KERNEL_TYPES = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
 
 # Architectures whose GGUF conversion keeps the Hugging Face row order of q and k (llama's permutes them).
 GGUF_INT4_ARCHITECTURES = ("qwen2",)
@@ -92,6 +98,21 @@ class GgufTensors:
         n, k = self.matrix_shape(name)
         return unpack_q4k(self.tensor(name).data, n, k)
 
+    def packed(self, name: str) -> PackedMatrix:
+        """A Q4_K or Q6_K matrix in the engine kernel's layout (engine/cpu_kernels/pack.py)."""
+        n, k = self.matrix_shape(name)
+        pack = pack_q4k if self.tensor(name).tensor_type == GGMLQuantizationType.Q4_K else pack_q6k
+        return pack(self.tensor(name).data, n, k)
+
+    def kernel_form(self, name: str) -> str:
+        """How quant "gguf-a8" holds a matrix: 'Q4_K' / 'Q6_K' on the engine's kernel where its shape
+        allows (K in 256s, N in 16s), else 'dense'."""
+        tensor = self.tensor(name)
+        n, k = self.matrix_shape(name)
+        if tensor.tensor_type in KERNEL_TYPES and k % 256 == 0 and n % 16 == 0:
+            return str(tensor.tensor_type.name)
+        return "dense"
+
     def dense(self, name: str, dtype: torch.dtype) -> Tensor:
         """Any tensor dequantised by gguf (float32), then cast to `dtype`: [N, K] or [K]."""
         source = self.tensor(name)
@@ -117,17 +138,29 @@ def dense_linear(weight: Tensor) -> nn.Linear:
 
 
 def linear_from_gguf(
-    tensors: GgufTensors, names: list[str], bias: Tensor | None, dtype: torch.dtype
+    tensors: GgufTensors,
+    names: list[str],
+    bias: Tensor | None,
+    dtype: torch.dtype,
+    quant: QuantMode = GGUF_INT4,
 ) -> nn.Module:
-    """One layer for matrices `names` stacked along N: consecutive Q4_K ones as one int4 layer, the rest
-    dense; one module when all share a form, else a ConcatLinear."""
+    """One layer for matrices `names` stacked along N: consecutive matrices of one form as one layer (for
+    gguf-int4: Q4_K as int4, the rest dense; for gguf-a8: Q4_K or Q6_K on the engine's kernel, the rest
+    dense); one module when all share a form, else a ConcatLinear."""
     parts: list[nn.Module] = []
-    for is_q4k, run in itertools.groupby(names, key=tensors.is_q4k):
+    form_of = (
+        tensors.kernel_form
+        if quant == GGUF_A8
+        else (lambda name: "Q4_K" if tensors.is_q4k(name) else "dense")
+    )
+    for form, run in itertools.groupby(names, key=form_of):
         run_names = list(run)
-        if is_q4k:
-            parts.append(int4_from_q4k(concat_rows([tensors.q4k(name) for name in run_names]), dtype))
-        else:
+        if form == "dense":
             parts.append(dense_linear(torch.cat([tensors.dense(name, dtype) for name in run_names])))
+        elif quant == GGUF_A8:
+            parts.append(GgufKernelLinear(concat_packed([tensors.packed(name) for name in run_names])))
+        else:
+            parts.append(int4_from_q4k(concat_rows([tensors.q4k(name) for name in run_names]), dtype))
     if len(parts) > 1:
         return ConcatLinear(parts, bias)
     if bias is not None:
@@ -139,14 +172,14 @@ def _check_shape(layer: nn.Module, expected: nn.Linear, name: str) -> nn.Module:
     parts = list(layer.parts) if isinstance(layer, ConcatLinear) else [layer]
     n = 0
     for part in parts:
-        assert isinstance(part, Int4Linear | nn.Linear), type(part)
+        assert isinstance(part, Int4Linear | GgufKernelLinear | nn.Linear), type(part)
         n += part.out_features
     if n != expected.out_features:
         raise ValueError(f"{name}: the GGUF has {n} outputs, the model's config says {expected.out_features}")
     return layer
 
 
-def _load_block(block: Block, tensors: GgufTensors, i: int, dtype: torch.dtype) -> None:
+def _load_block(block: Block, tensors: GgufTensors, i: int, dtype: torch.dtype, quant: QuantMode) -> None:
     prefix = f"blk.{i}"
     block.attention_norm.weight = nn.Parameter(tensors.dense(f"{prefix}.attn_norm.weight", dtype))
     block.ffn_norm.weight = nn.Parameter(tensors.dense(f"{prefix}.ffn_norm.weight", dtype))
@@ -162,7 +195,7 @@ def _load_block(block: Block, tensors: GgufTensors, i: int, dtype: torch.dtype) 
         "w2": (ffn, [f"{prefix}.ffn_down.weight"], None),
     }
     for attr, (owner, names, layer_bias) in layers.items():
-        layer = linear_from_gguf(tensors, names, layer_bias, dtype)
+        layer = linear_from_gguf(tensors, names, layer_bias, dtype, quant)
         setattr(owner, attr, _check_shape(layer, getattr(owner, attr), f"{prefix} {attr}"))
 
 
@@ -174,13 +207,16 @@ def load_gguf_int4(
     dtype: torch.dtype,
     device: str = "cpu",
     log: Log = log_to_stderr,
+    quant: QuantMode = GGUF_INT4,
 ) -> Transformer:
-    """The engine's model with the GGUF file's Q4_K matrices as int4 and the rest dense (CPU only)."""
-    check_device(GGUF_INT4, torch.device(device))
+    """The engine's model with the GGUF file's Q4_K matrices as int4 and the rest dense (quant
+    "gguf-int4"), or its Q4_K and Q6_K matrices as they are on the engine's own kernel (quant "gguf-a8");
+    CPU only."""
+    check_device(quant, torch.device(device))
     tensors = GgufTensors(Path(path))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
         raise ValueError(
-            f"quant {GGUF_INT4!r} reads {', '.join(GGUF_INT4_ARCHITECTURES)} GGUF files, not "
+            f"quant {quant!r} reads {', '.join(GGUF_INT4_ARCHITECTURES)} GGUF files, not "
             f"{tensors.architecture!r} (its q/k rows are permuted): use quant 'int4' or the ggml backend"
         )
     with torch.device("meta"):
@@ -188,17 +224,24 @@ def load_gguf_int4(
     model.tok_embeddings.weight = nn.Parameter(tensors.dense("token_embd.weight", dtype), requires_grad=False)
     model.norm.weight = nn.Parameter(tensors.dense("output_norm.weight", dtype))
     for i, block in enumerate(model.blocks):
-        _load_block(block, tensors, i, dtype)
+        _load_block(block, tensors, i, dtype, quant)
     # llama.cpp uses output.weight when the file has one (even if the config ties it), else the embeddings.
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    model.output = linear_from_gguf(tensors, [head], None, dtype)
+    model.output = linear_from_gguf(tensors, [head], None, dtype, quant)
     cos, sin = rope_tables(args, max_seq_len)
     model.rope_cos, model.rope_sin = cos, sin
-    model.quantization = GGUF_INT4
+    model.quantization = quant
     meta = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
     if meta:
         raise ValueError(f"the GGUF file {path} left {len(meta)} tensors unset, e.g. {meta[0]}")
     n_int4 = sum(isinstance(m, Int4Linear) for m in model.modules())
+    n_kernel = sum(isinstance(m, GgufKernelLinear) for m in model.modules())
     n_dense = sum(isinstance(m, nn.Linear) for m in model.modules())
-    log(f"{GGUF_INT4}: {n_int4} layers hold the GGUF's Q4_K weights as int4, {n_dense} stay dense ({dtype})")
+    if quant == GGUF_A8:
+        log(
+            f"{quant}: {n_kernel} layers hold the GGUF's Q4_K / Q6_K blocks on the engine's kernel "
+            f"({gguf_mm().isa()}), {n_dense} stay dense ({dtype})"
+        )
+    else:
+        log(f"{quant}: {n_int4} layers hold the GGUF's Q4_K weights as int4, {n_dense} stay dense ({dtype})")
     return model.eval().requires_grad_(False)

@@ -18,7 +18,7 @@ from engine.gguf_int4 import gguf_file_of, load_gguf_int4
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
 from engine.options import NGRAM_DRAFT, EngineOptions, parse_dtype
-from engine.quant import GGUF_INT4, QuantMode, quantize
+from engine.quant import GGUF_LOADS, QuantMode, quantize
 from engine.weights import load_checkpoint
 
 
@@ -80,7 +80,7 @@ def load_engine(
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
 
     def load(name: str, directory: Path, quant: QuantMode) -> Transformer:
-        if quant == GGUF_INT4:  # the GGUF's own Q4_K weights (engine/gguf_int4.py), not a re-quantisation
+        if quant in GGUF_LOADS:  # the GGUF's own weights (engine/gguf_int4.py), not a re-quantisation
             args = ModelArgs.from_json(directory / "config.json")
             gguf_file = gguf_file_of(name, log)
             return load_gguf_int4(
@@ -90,6 +90,7 @@ def load_engine(
                 dtype=torch_dtype,
                 device=options.device,
                 log=log,
+                quant=quant,
             )
         return quantize(
             load_checkpoint(

@@ -18,10 +18,13 @@ from torch import Tensor, nn
 
 from engine.model import Transformer
 
-QuantMode = Literal["none", "int8", "int4", "w8a8", "fp8", "gguf-int4"]
-QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4", "w8a8", "fp8", "gguf-int4")
-# A load option, not a rounding of loaded weights: the GGUF's own Q4_K values as int4 (engine/gguf_int4.py).
+QuantMode = Literal["none", "int8", "int4", "w8a8", "fp8", "gguf-int4", "gguf-a8"]
+QUANT_MODES: tuple[QuantMode, ...] = ("none", "int8", "int4", "w8a8", "fp8", "gguf-int4", "gguf-a8")
+# Load options, not roundings of loaded weights: the GGUF's own Q4_K values as int4 (engine/gguf_int4.py),
+# and its Q4_K / Q6_K blocks as they are on the engine's own kernel, int8 activations (engine/cpu_kernels).
 GGUF_INT4: QuantMode = "gguf-int4"
+GGUF_A8: QuantMode = "gguf-a8"
+GGUF_LOADS = (GGUF_INT4, GGUF_A8)
 INT4_GROUPS = (128, 64, 32)  # group sizes the CPU kernel takes, largest (fewest scales) first
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
@@ -169,7 +172,7 @@ def fp8_supported(device: torch.device) -> bool:
 
 
 def check_device(mode: QuantMode, device: torch.device) -> None:
-    if mode in ("int8", "int4", "w8a8", GGUF_INT4) and device.type != "cpu":
+    if mode in ("int8", "int4", "w8a8", GGUF_INT4, GGUF_A8) and device.type != "cpu":
         raise ValueError(f"{mode} weights run on the CPU kernels only; on {device.type} use bf16 or fp8")
     if mode == "fp8" and not fp8_supported(device):
         raise ValueError("fp8 weights need a CUDA GPU of compute capability 8.9 or newer (Ada, Hopper)")
@@ -185,8 +188,8 @@ def quantized_linear(mode: QuantMode, weight: Tensor, bias: Tensor | None, dtype
         return W8A8Linear(weight, bias, dtype)
     if mode == "fp8":
         return Fp8Linear(weight, bias, dtype)
-    if mode == GGUF_INT4:
-        raise ValueError(f"{GGUF_INT4} reads a GGUF's weights at load time: load_engine(quant={GGUF_INT4!r})")
+    if mode in GGUF_LOADS:
+        raise ValueError(f"{mode} reads a GGUF's weights at load time: load_engine(quant={mode!r})")
     raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
 
 
@@ -200,8 +203,8 @@ def quantize(model: Transformer, mode: QuantMode) -> Transformer:
         return model
     if mode not in QUANT_MODES:
         raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
-    if mode == GGUF_INT4:
-        raise ValueError(f"{GGUF_INT4} reads a GGUF's weights at load time: load_engine(quant={GGUF_INT4!r})")
+    if mode in GGUF_LOADS:
+        raise ValueError(f"{mode} reads a GGUF's weights at load time: load_engine(quant={mode!r})")
     check_device(mode, model.device)
     dtype = model.dtype
     for block in model.blocks:

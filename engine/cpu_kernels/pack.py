@@ -1,0 +1,130 @@
+"""A GGUF file's Q4_K and Q6_K matrices rearranged for engine/cpu_kernels/gguf_mm.cpp, with no rounding.
+
+Both the file and the kernel's layout hold the same 4- or 6-bit values and the same scales; only the order
+changes: tiles of 16 output channels, one block per (tile, super-block of 256 inputs), and in a block the
+quants of 16 channels x 4 consecutive inputs side by side (64 bytes: what one VNNI dot product takes).
+The C++ file's header gives every byte's place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK, unpack_scales_mins
+
+TILE = 16  # output channels per tile
+Q6K_BLOCK_BYTES = 210  # ggml's Q6_K: ql[128], qh[64], scales[16] int8, d fp16
+Q4K_PACKED_BYTES = 2368  # per (tile, super-block): quants 2048, sc 128, m 128, d 32, dmin 32
+Q6K_PACKED_BYTES = 3360  # quants 2048, high bits 1024, sc 256, d 32
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """One matrix [N, K] in the kernel's layout: blocks [N / 16, K / 256, block bytes] uint8."""
+
+    blocks: np.ndarray
+    n: int
+    k: int
+    q6: bool  # Q6_K blocks, else Q4_K
+
+
+def _check_shape(n: int, k: int, kind: str) -> None:
+    if k % SUPER_BLOCK or n % TILE:
+        raise ValueError(f"{kind} packing needs K in 256s and N in 16s, got N = {n}, K = {k}")
+
+
+def _pack_low_nibbles(q: np.ndarray, n: int, k: int) -> np.ndarray:
+    """q [N, K] (values 0..15 in the low 4 bits) -> [T, B, 8 groups, 4 pairs, 64] uint8: pair p of a group
+    of 32 holds k4 vector 2p in its low nibbles and 2p + 1 in its high ones; byte 4c + i is channel c,
+    input 4j + i of the group."""
+    t, b = n // TILE, k // SUPER_BLOCK
+    grid = (q & 0x0F).reshape(t, TILE, b, 8, 4, 2, 4)  # [T, c, B, g, p, nibble, i]
+    grid = grid.transpose(0, 2, 3, 4, 5, 1, 6)  # [T, B, g, p, nibble, c, i]
+    packed = grid[:, :, :, :, 0] | (grid[:, :, :, :, 1] << 4)  # [T, B, g, p, c, i]
+    return packed.reshape(t, b, 8, 4, 64).astype(np.uint8)
+
+
+def _per_tile(values: np.ndarray, n: int, k: int) -> np.ndarray:
+    """[N, B * G] per-channel values -> [T, B, G * 16] (channels innermost), same dtype."""
+    t, b = n // TILE, k // SUPER_BLOCK
+    groups = values.shape[1] // b
+    return values.reshape(t, TILE, b, groups).transpose(0, 2, 3, 1).reshape(t, b, groups * TILE)
+
+
+def _as_bytes(values: np.ndarray) -> np.ndarray:
+    """[T, B, X] of any dtype -> [T, B, X * itemsize] uint8 (little-endian, as the kernel reads them)."""
+    t, b = values.shape[:2]
+    return np.ascontiguousarray(values).view(np.uint8).reshape(t, b, -1)
+
+
+def pack_q4k(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
+    """The bytes of a Q4_K matrix ([N, K / 256 * 144] uint8, as gguf's reader gives them) -> packed."""
+    _check_shape(n, k, "Q4_K")
+    blocks = np.ascontiguousarray(raw).reshape(n * k // SUPER_BLOCK, Q4K_BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).reshape(n, k // SUPER_BLOCK)
+    dmin = blocks[:, 2:4].copy().view(np.float16).reshape(n, k // SUPER_BLOCK)
+    sc, m = unpack_scales_mins(blocks[:, 4:16])  # [N * B, 8] each
+    chunks = blocks[:, 16:].reshape(-1, 4, 32)  # chunk j: sub-block 2j low nibbles, 2j + 1 high
+    q = np.stack([chunks & 0x0F, chunks >> 4], axis=2).reshape(n, k)
+    packed = np.concatenate(
+        [
+            _pack_low_nibbles(q, n, k).reshape(n // TILE, k // SUPER_BLOCK, 2048),
+            _per_tile(sc.reshape(n, -1), n, k),
+            _per_tile(m.reshape(n, -1), n, k),
+            _as_bytes(_per_tile(d, n, k)),
+            _as_bytes(_per_tile(dmin, n, k)),
+        ],
+        axis=2,
+    )
+    assert packed.shape[2] == Q4K_PACKED_BYTES, packed.shape
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, q6=False)
+
+
+def unpack_q6k(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bytes of a Q6_K matrix -> (q [N, K] uint8 in 0..63, sc [N, K / 16] int8, d [N, K / 256] fp16),
+    with w = d * sc * (q - 32)."""
+    _check_shape(n, k, "Q6_K")
+    blocks = np.ascontiguousarray(raw).reshape(n * k // SUPER_BLOCK, Q6K_BLOCK_BYTES)
+    ql = blocks[:, :128].reshape(-1, 2, 64)  # per half of 128 inputs
+    qh = blocks[:, 128:192].reshape(-1, 2, 32)
+    sc = blocks[:, 192:208].copy().view(np.int8).reshape(n, k // 16)
+    d = blocks[:, 208:210].copy().view(np.float16).reshape(n, k // SUPER_BLOCK)
+    # Within a half: inputs 0-31 low nibbles of ql[0:32] and qh bits 0-1; 32-63 ql[32:64], bits 2-3;
+    # 64-95 ql[0:32] high nibbles, bits 4-5; 96-127 ql[32:64] high nibbles, bits 6-7.
+    quarters = [
+        (ql[:, :, :32] & 0x0F) | (((qh >> 0) & 3) << 4),
+        (ql[:, :, 32:] & 0x0F) | (((qh >> 2) & 3) << 4),
+        (ql[:, :, :32] >> 4) | (((qh >> 4) & 3) << 4),
+        (ql[:, :, 32:] >> 4) | (((qh >> 6) & 3) << 4),
+    ]
+    q = np.stack(quarters, axis=2).reshape(n, k)  # [blocks, half, quarter, 32]
+    return q.astype(np.uint8), sc, d
+
+
+def pack_q6k(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
+    """The bytes of a Q6_K matrix -> packed."""
+    q, sc, d = unpack_q6k(raw, n, k)
+    t, b = n // TILE, k // SUPER_BLOCK
+    high = (q >> 4).reshape(t, TILE, b, 16, 4, 4).transpose(0, 2, 3, 1, 5, 4)  # [T, B, h, c, i, jj]
+    high_bits = high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)
+    packed = np.concatenate(
+        [
+            _pack_low_nibbles(q, n, k).reshape(t, b, 2048),
+            high_bits.reshape(t, b, 1024).astype(np.uint8),
+            _as_bytes(_per_tile(sc, n, k)),
+            _as_bytes(_per_tile(d, n, k)),
+        ],
+        axis=2,
+    )
+    assert packed.shape[2] == Q6K_PACKED_BYTES, packed.shape
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, q6=True)
+
+
+def concat_packed(parts: list[PackedMatrix]) -> PackedMatrix:
+    """Matrices of one kind and the same K stacked along N (tiles are whole channels, so they stack)."""
+    assert len({(p.k, p.q6) for p in parts}) == 1, [(p.k, p.q6) for p in parts]
+    return PackedMatrix(
+        np.concatenate([p.blocks for p in parts]), sum(p.n for p in parts), parts[0].k, parts[0].q6
+    )

@@ -1,0 +1,112 @@
+"""The engine's CPU kernel (engine/cpu_kernels): the file's K-quant values, rearranged, times int8 rows.
+
+What must hold: packing loses nothing (gguf's own dequantisation equals the packed blocks' values); the
+product equals the exact product of the dequantised weights and the int8-rounded activations (only float
+summation order differs); the vector path equals the scalar one; and a row's output does not depend on the
+other rows of its call (what makes a verify of gamma + 1 ids agree with decoding them one by one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from engine.cpu_kernels import gguf_mm
+from engine.cpu_kernels.pack import Q6K_BLOCK_BYTES, pack_q4k, pack_q6k, unpack_q6k
+from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK
+
+
+def random_q4k(n: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n * k // SUPER_BLOCK, Q4K_BLOCK_BYTES), dtype=np.uint8)
+    scales = rng.uniform(1e-4, 3e-3, size=(raw.shape[0], 2)).astype(np.float16)  # d, dmin
+    raw[:, 0:4] = scales.view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def random_q6k(n: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n * k // SUPER_BLOCK, Q6K_BLOCK_BYTES), dtype=np.uint8)
+    d = rng.uniform(1e-4, 1e-3, size=(raw.shape[0], 1)).astype(np.float16)
+    raw[:, 208:210] = d.view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def dense(raw: np.ndarray, kind: GGMLQuantizationType) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(dequantize(raw, kind), dtype=np.float64).copy())
+
+
+def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's int8 rows and the float64 values they stand for."""
+    xq, xs, xsum = gguf_mm().quantize_rows(x)
+    values = xq.double().reshape(x.shape[0], -1, SUPER_BLOCK) * xs.double()[..., None]
+    return xq, xs, xsum, values.reshape(x.shape)
+
+
+CASES = [
+    (GGMLQuantizationType.Q4_K, random_q4k, pack_q4k),
+    (GGMLQuantizationType.Q6_K, random_q6k, pack_q6k),
+]
+
+
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+def test_the_product_is_the_files_weights_times_the_rounded_rows(kind, make, pack, rows: int) -> None:
+    n, k = 48, 768
+    raw = make(n, k, seed=rows)
+    packed = pack(raw, n, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    xq, xs, xsum, x_rounded = rounded_rows(x)
+    expected = x_rounded @ dense(raw, kind).T  # [M, N] float64
+    blocks = torch.from_numpy(packed.blocks)
+    for simd in (True, False):
+        y = gguf_mm().matmul(xq, xs, xsum, blocks, n, packed.q6, simd)
+        assert y.shape == (rows, n) and y.dtype == torch.float32
+        torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+def test_a_row_s_output_does_not_depend_on_the_rows_beside_it(kind, make, pack) -> None:
+    n, k = 32, 512
+    packed = pack(make(n, k, seed=7), n, k)
+    blocks = torch.from_numpy(packed.blocks)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(3))
+    together = gguf_mm().linear(x, blocks, n, packed.q6)
+    for i in range(x.shape[0]):
+        alone = gguf_mm().linear(x[i : i + 1], blocks, n, packed.q6)
+        assert torch.equal(alone[0], together[i]), i
+    assert torch.equal(gguf_mm().linear(x[2:9], blocks, n, packed.q6), together[2:9])
+
+
+def test_q6k_unpacking_equals_gguf_s_dequantisation() -> None:
+    n, k = 16, 512
+    raw = random_q6k(n, k, seed=1)
+    q, sc, d = unpack_q6k(raw, n, k)
+    mine = d.astype(np.float64).repeat(256, axis=1) * sc.astype(np.float64).repeat(16, axis=1) * (q - 32.0)
+    np.testing.assert_allclose(mine, dense(raw, GGMLQuantizationType.Q6_K).numpy(), rtol=1e-6, atol=0)
+
+
+def test_rows_round_to_nearest_within_each_super_block() -> None:
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(0)) * 3
+    x[1, 256:] = 0  # an all-zero block: scale 0, values 0
+    xq, xs, xsum = gguf_mm().quantize_rows(x)
+    assert xq.abs().max() == 127 and xs[1, 1] == 0 and not xq[1, 256:].any()
+    blocks = x.reshape(2, 2, SUPER_BLOCK)
+    assert torch.allclose(xs, blocks.abs().amax(-1) / 127)
+    assert (xq.reshape(2, 2, SUPER_BLOCK).double() * xs.double()[..., None] - blocks).abs().max() <= (
+        xs.max() / 2 + 1e-6
+    )
+    assert torch.equal(xsum, xq.reshape(2, -1, 16).sum(-1, dtype=torch.int32))
+
+
+def test_bad_shapes_get_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        gguf_mm().quantize_rows(torch.zeros(1, 100))
+    with pytest.raises(ValueError, match="K in 256s"):
+        pack_q4k(random_q4k(16, 256, 0), 16, 100)
+    xq, xs, xsum = gguf_mm().quantize_rows(torch.zeros(1, 256))
+    with pytest.raises(RuntimeError, match="blocks"):
+        gguf_mm().matmul(xq, xs, xsum, torch.zeros(10, dtype=torch.uint8), 16, False, True)
