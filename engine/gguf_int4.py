@@ -231,6 +231,9 @@ def load_gguf_int4(
     cos, sin = rope_tables(args, max_seq_len)
     model.rope_cos, model.rope_sin = cos, sin
     model.quantization = quant
+    if quant == GGUF_A8:
+        for block in model.blocks:
+            block.attention.row_by_row = True
     meta = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
     if meta:
         raise ValueError(f"the GGUF file {path} left {len(meta)} tensors unset, e.g. {meta[0]}")

@@ -18,7 +18,7 @@ from engine.gguf_int4 import gguf_file_of, load_gguf_int4
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
 from engine.options import NGRAM_DRAFT, EngineOptions, parse_dtype
-from engine.quant import GGUF_LOADS, QuantMode, quantize
+from engine.quant import GGUF_A8, GGUF_LOADS, QuantMode, quantize
 from engine.weights import load_checkpoint
 
 
@@ -79,7 +79,7 @@ def load_engine(
     if draft_dir is not None:
         check_same_vocabulary(tokenizer, load_tokenizer(draft_dir))
 
-    def load(name: str, directory: Path, quant: QuantMode) -> Transformer:
+    def load(name: str, directory: Path, quant: QuantMode, dtype: torch.dtype = torch_dtype) -> Transformer:
         if quant in GGUF_LOADS:  # the GGUF's own weights (engine/gguf_int4.py), not a re-quantisation
             args = ModelArgs.from_json(directory / "config.json")
             gguf_file = gguf_file_of(name, log)
@@ -87,7 +87,7 @@ def load_engine(
                 gguf_file,
                 args,
                 max_seq_len=options.max_seq_len,
-                dtype=torch_dtype,
+                dtype=dtype,
                 device=options.device,
                 log=log,
                 quant=quant,
@@ -101,8 +101,11 @@ def load_engine(
 
     target_model: Model
     draft_model: Model | None
-    if options.backend == "ggml":
-        target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
+    if options.backend in ("ggml", "native"):
+        if options.backend == "native":  # the engine's own kernel on the target's GGUF blocks, fp32 rows
+            target_model = load(options.target, target_dir, GGUF_A8, torch.float32)
+        else:
+            target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
         draft_model = None
         if draft_dir is not None and options.draft is not None:
             draft_model = GgmlModel(ggml_draft_gguf(options.draft, log=log), options.max_seq_len)

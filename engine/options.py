@@ -9,7 +9,7 @@ import torch
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.quant import QUANT_MODES, QuantMode
 
-BACKENDS = ("torch", "ggml")
+BACKENDS = ("torch", "ggml", "native")
 NGRAM_DRAFT = "ngram"  # the draft "model" that drafts by prompt lookup (engine/ngram.py)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -34,8 +34,10 @@ class EngineOptions:
     other matrix types dense in `dtype` (engine/gguf_int4.py): the weights llama.cpp runs.
     `static_shapes` (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA
     graphs on a GPU.
-    `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py), the
-    fastest exact CPU path measured here; dtype and quantisation are then the files' own.
+    `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py); dtype and
+    quantisation are then the files' own. `backend` "native" runs the target's GGUF blocks as they are on
+    the engine's own CPU kernel (quant "gguf-a8", engine/cpu_kernels: a forward of a few ids costs about
+    one of one id) with fp32 activations, and the draft's GGUF on llama.cpp's kernels.
     """
 
     target: str
@@ -56,10 +58,12 @@ class EngineOptions:
                 raise ValueError(f"unknown quantisation {mode!r}; choose one of {', '.join(QUANT_MODES)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.backend == "ggml" and (self.quant != "none" or self.draft_quant != "none"):
-            raise ValueError("the ggml backend runs the GGUF files' own 4-bit weights: leave quant at 'none'")
-        if self.backend == "ggml" and self.device != "cpu":
-            raise ValueError("the ggml backend runs on the CPU; on a GPU use backend 'torch'")
+        if self.backend != "torch" and (self.quant != "none" or self.draft_quant != "none"):
+            raise ValueError(
+                f"the {self.backend} backend runs the GGUF files' own weights: leave quant at 'none'"
+            )
+        if self.backend != "torch" and self.device != "cpu":
+            raise ValueError(f"the {self.backend} backend runs on the CPU; on a GPU use backend 'torch'")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
 

@@ -4,8 +4,9 @@
 
 Per prompt, interleaved: llama.cpp's own greedy generation (llama-cpp-python `Llama`), the engine's plain
 decoding on the ggml backend, its speculative decoding there (the 0.5B GGUF draft, adaptive length; and
-prompt-lookup drafts, no draft model), and
-with --torch the PyTorch int4 target (plain). Then forward costs by number of ids (what a verify costs)
+prompt-lookup drafts, no draft model), the same three on the native backend (the target's GGUF blocks on
+the engine's own kernel, engine/cpu_kernels; the draft on ggml), and with --torch the PyTorch int4 target
+(plain). Then forward costs by number of ids (what a verify costs)
 and prefill of 16/32/64 new ids on both. tok/s: generated tokens over the whole call (prefill included);
 decode tok/s: tokens after the first over the time after the first. The last line is one JSON object.
 """
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     threads = torch.get_num_threads()
     ggml = load_engine(args.target, args.draft, backend="ggml", gamma="auto", max_seq_len=2048)
     lookup = load_engine(args.target, "ngram", backend="ggml", gamma="auto", max_seq_len=2048)
+    native = load_engine(args.target, args.draft, backend="native", gamma="auto", max_seq_len=2048)
+    native_lookup = load_engine(args.target, "ngram", backend="native", gamma="auto", max_seq_len=2048)
     llama = LlamaCpp(resolve_gguf(args.target), threads, n_ctx=2048)
     torch_int4 = load_engine(args.target, None, quant="int4", max_seq_len=2048) if args.torch else None
     tokenizer, eos = ggml.tokenizer, sorted(ggml.eos_ids)
@@ -120,6 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ggml plain": lambda p: engine_generate(ggml, p, args.max_new_tokens, 0),
         "ggml spec auto": lambda p: engine_generate(ggml, p, args.max_new_tokens, "auto"),
         "ggml ngram auto": lambda p: engine_generate(lookup, p, args.max_new_tokens, "auto"),
+        "native plain": lambda p: engine_generate(native, p, args.max_new_tokens, 0),
+        "native spec auto": lambda p: engine_generate(native, p, args.max_new_tokens, "auto"),
+        "native ngram auto": lambda p: engine_generate(native_lookup, p, args.max_new_tokens, "auto"),
     }
     if torch_int4 is not None:
         contenders["torch int4 plain"] = lambda p: engine_generate(torch_int4, p, args.max_new_tokens, 0)
@@ -142,6 +148,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plain_ids = results["ggml plain"][0].token_ids
         row["spec_equals_plain"] = results["ggml spec auto"][0].token_ids == plain_ids
         row["ngram_equals_plain"] = results["ggml ngram auto"][0].token_ids == plain_ids
+        native_ids = results["native plain"][0].token_ids
+        row["native_equals_llama_cpp"] = native_ids == results["llama.cpp"][0].token_ids
+        row["native_spec_equals_plain"] = results["native spec auto"][0].token_ids == native_ids
+        row["native_ngram_equals_plain"] = results["native ngram auto"][0].token_ids == native_ids
         rows.append(row)
         print(
             "  ".join(f"{n}: {row[n]['tok_s']:.2f}" for n in contenders),
@@ -157,11 +167,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in contenders:
         summary[name]["vs_llama_cpp"] = summary[name]["tok_s"] / base["tok_s"]
     summary["ggml_forward"] = forward_costs(ggml)
+    summary["native_forward"] = forward_costs(native)
     summary["llama_cpp_prefill"] = llama_cpp_costs(llama, ggml.target.args.vocab_size)
     if torch_int4 is not None:
         summary["torch_int4_forward"] = forward_costs(torch_int4)
     summary["calibration_ms"] = {n: 1e3 * (ggml.speculation.verify_s(n) or 0.0) for n in SIZES}
+    summary["native_calibration_ms"] = {n: 1e3 * (native.speculation.verify_s(n) or 0.0) for n in SIZES}
     summary["probes"] = probe_figures(ggml.speculation)  # shared by that engine's plain and adaptive runs
+    summary["native_probes"] = probe_figures(native.speculation)
     summary["rows"] = rows
     return summary
 

@@ -1,6 +1,8 @@
-"""The engine's own CPU kernel: GGUF K-quant matrices times int8 activations, flat in the number of rows.
+"""The engine's own CPU kernels: GGUF K-quant matrices times int8 activations, flat in the number of rows
+(gguf_mm.cpp), and attention over the KV cache row by row, so that a verify's rows equal decoding's bit for
+bit (attention.cpp).
 
-`gguf_mm()` builds engine/cpu_kernels/gguf_mm.cpp once for this CPU (torch's C++ extension loader, ~1 min on
+`gguf_mm()` builds them once for this CPU (torch's C++ extension loader, ~1 min on
 2 cores, with -march=native: AVX-512 VNNI, AVX-VNNI or AVX2 as the CPU has) into
 `$VOICEAGENT_CACHE/kernels/<key>`, the key made of the source, torch's version and the CPU's flags, so a
 cache shared by two kinds of CPU never hands one the other's build.
@@ -15,8 +17,15 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("gguf_mm.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("gguf_mm.cpp", "attention.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
+# Builds for an older CPU's instructions on this one, so that every code path is tested where it can run:
+# "avx2" is what an AMD EPYC with AVX2 only (no AVX-512, no VNNI) runs; "scalar" any CPU's fallback.
+VARIANTS = {
+    "native": FLAGS,
+    "avx2": [*FLAGS, "-mno-avx512f", "-mno-avxvnni"],
+    "scalar": ["-O3", "-fopenmp"],  # x86-64's baseline: SSE2 only
+}
 
 
 def _cpu_flags() -> str:
@@ -29,39 +38,42 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def build_key() -> str:
+def build_key(flags: list[str]) -> str:
     import torch
 
-    text = "\n".join([SOURCE.read_text(), torch.__version__, " ".join(FLAGS), _cpu_flags()])
+    text = "\n".join([*(s.read_text() for s in SOURCES), torch.__version__, " ".join(flags), _cpu_flags()])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @cache
-def gguf_mm() -> ModuleType:
-    """The compiled kernel module (built on first use, then loaded from the cache)."""
+def gguf_mm(variant: str = "native") -> ModuleType:
+    """The compiled kernel module (built on first use, then loaded from the cache); `variant` "avx2" or
+    "scalar" builds the code paths of older CPUs (for tests)."""
     from torch.utils import cpp_extension
 
     from engine.models import cache_root
 
-    directory = cache_root() / "kernels" / f"gguf_mm-{build_key()}"
+    flags = VARIANTS[variant]
+    name = "gguf_mm" if variant == "native" else f"gguf_mm_{variant}"
+    directory = cache_root() / "kernels" / f"{name}-{build_key(flags)}"
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob("*.so")):
         print(
-            f"engine: building the CPU kernel gguf_mm for this CPU into {directory} (~1 min, once)",
+            f"engine: building the CPU kernels ({variant}) for this CPU into {directory} (~1 min, once)",
             file=sys.stderr,
             flush=True,
         )
     try:
         return cpp_extension.load(
-            name="gguf_mm",
-            sources=[str(SOURCE)],
-            extra_cflags=FLAGS,
+            name=name,
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
             verbose=False,
         )
     except (RuntimeError, OSError) as error:
         raise RuntimeError(
-            f"could not build the CPU kernel {SOURCE.name} ({error}); it needs g++ and ninja "
+            f"could not build the CPU kernels in {SOURCES[0].parent} ({error}); they need g++ and ninja "
             "(`make setup` installs both), or load the model with the ggml backend"
         ) from error

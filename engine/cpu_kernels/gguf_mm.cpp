@@ -443,6 +443,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& blocks, int64_
 
 }  // namespace
 
+// engine/cpu_kernels/attention.cpp
+torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                            const torch::Tensor& positions, int64_t window);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &quantize_rows, "x [M, K] -> (xq int8, xs per 256, sums per 16)");
   m.def("matmul", &matmul, "quantised rows times packed Q4_K / Q6_K blocks -> [M, N] float32",
@@ -450,5 +454,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("simd") = true);
   m.def("linear", &linear, "x [M, K] float -> [M, N] float32", py::arg("x"), py::arg("blocks"), py::arg("n"),
         py::arg("q6"));
+  m.def("row_attention", &row_attention, "q [T, H, D], caches [KVH, S, D] -> [T, H, D], row by row",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"), py::arg("window"));
   m.def("isa", &isa_name, "the vector instructions this build uses");
 }

@@ -8,6 +8,8 @@ other rows of its call (what makes a verify of gamma + 1 ids agree with decoding
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -110,3 +112,24 @@ def test_bad_shapes_get_a_clear_error() -> None:
     xq, xs, xsum = gguf_mm().quantize_rows(torch.zeros(1, 256))
     with pytest.raises(RuntimeError, match="blocks"):
         gguf_mm().matmul(xq, xs, xsum, torch.zeros(10, dtype=torch.uint8), 16, False, True)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX2 and SSE2 builds are x86-64 code")
+@pytest.mark.parametrize(("variant", "isa"), [("avx2", "avx2"), ("scalar", "scalar")])
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+def test_older_cpus_code_paths_give_the_same_product(variant: str, isa: str, kind, make, pack) -> None:
+    """The build an AVX2-only CPU (AMD EPYC without AVX-512) or any other CPU runs, tested on this one."""
+    module = gguf_mm(variant)
+    assert module.isa() == isa
+    n, k = 32, 512
+    raw = make(n, k, seed=5)
+    packed = pack(raw, n, k)
+    blocks = torch.from_numpy(packed.blocks)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(5))
+    xq, xs, xsum, x_rounded = rounded_rows(x)
+    expected = x_rounded @ dense(raw, kind).T
+    y = module.matmul(xq, xs, xsum, blocks, n, packed.q6, True)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    native = gguf_mm().matmul(xq, xs, xsum, blocks, n, packed.q6, True)
+    if isa == "avx2":  # the same operations in the same order on narrower vectors
+        assert torch.equal(y, native)

@@ -1,0 +1,78 @@
+"""The native CPU backend: the target's GGUF blocks on the engine's own kernel (quant gguf-a8), the draft on
+llama.cpp's kernels, under the engine's speculation.
+
+Its promise is stronger than the ggml backend's: every row of a forward is computed alone (the kernel's
+integer dot products, int8 rounding per row, attention row by row), so a verify's logits equal one-id
+steps' bit for bit, and greedy speculative output equals greedy plain output token for token, with no
+near-tie allowance.
+"""
+
+import pytest
+import torch
+
+from engine.cpu_kernels.linear import GgufKernelLinear
+from engine.generate import Engine, ModelState
+from engine.load import load_engine
+from engine.model import Transformer
+from engine.options import EngineOptions
+from tests.support.bundled import DRAFT, QUESTIONS, TARGET, TINY, greedy_ids, question
+
+pytestmark = pytest.mark.bundled
+
+
+@pytest.fixture(scope="module")
+def native() -> Engine:
+    return load_engine(TARGET, DRAFT, backend="native", max_seq_len=512, gamma=4)
+
+
+@pytest.fixture(scope="module")
+def native_lookup() -> Engine:
+    return load_engine(TARGET, "ngram", backend="native", max_seq_len=512, gamma="auto")
+
+
+def test_the_target_runs_the_files_blocks_on_the_kernel(native: Engine) -> None:
+    """Every matrix of the Q4_K_M target (Q4_K and Q6_K, the head included) is on the kernel: none is dense."""
+    model = native.target
+    assert isinstance(model, Transformer) and model.quantization == "gguf-a8" and model.dtype == torch.float32
+    layers = [m for m in model.modules() if isinstance(m, GgufKernelLinear)]
+    assert len(layers) >= 4 * model.args.n_layers + 1  # a fused q, k, v of two types is two layers
+    assert {layer.q6 for layer in layers} == {True, False}
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+
+
+def test_a_verify_s_logits_equal_one_id_steps_bit_for_bit(native: Engine) -> None:
+    model = native.target
+    prompt = question(native, QUESTIONS[0])
+    continuation = greedy_ids(native, prompt, 0, 9)
+    steps, verify = ModelState(model, model.new_cache(256)), ModelState(model, model.new_cache(256))
+    for state in (steps, verify):
+        state.feed(prompt, 0, "none")
+    one_by_one = torch.cat([steps.feed([t], len(prompt) + i, "all") for i, t in enumerate(continuation)])
+    together = verify.feed(continuation, len(prompt), "all")
+    assert together is not None and torch.equal(together, one_by_one)
+
+
+@pytest.mark.parametrize("text", QUESTIONS[:4])
+def test_greedy_speculative_equals_plain_token_for_token(native: Engine, text: str) -> None:
+    prompt = question(native, text)
+    plain = greedy_ids(native, prompt, 0, 40)
+    assert greedy_ids(native, prompt, 4, 40) == plain
+    assert greedy_ids(native, prompt, 2, 40) == plain
+
+
+def test_prompt_lookup_drafts_with_the_adaptive_length_are_exact(
+    native: Engine, native_lookup: Engine
+) -> None:
+    prompt = question(native, "Repeat after me exactly: the quick brown fox jumps over the lazy dog.")
+    assert greedy_ids(native_lookup, prompt, "auto", 32) == greedy_ids(native, prompt, 0, 32)
+    stats = native_lookup.speculation
+    assert stats.calibrated and all((stats.verify_s(n) or 0.0) > 0.0 for n in (1, 5, 9))
+
+
+def test_native_refuses_what_it_cannot_run() -> None:
+    with pytest.raises(ValueError, match="leave quant"):
+        EngineOptions(TARGET, backend="native", quant="int4")
+    with pytest.raises(ValueError, match="on a GPU use backend 'torch'"):
+        EngineOptions(TARGET, backend="native", device="cuda")
+    with pytest.raises(ValueError, match="reads qwen2 GGUF files"):
+        load_engine(TINY, backend="native")  # a llama-architecture file
