@@ -31,7 +31,7 @@ def native_lookup() -> Engine:
 
 
 def test_the_target_runs_the_files_blocks_on_the_kernel(native: Engine) -> None:
-    """Every matrix of the Q4_K_M target (Q4_K and Q6_K, the head included) is on the kernel: none is dense."""
+    """Every matrix of the Q4_K_M target (Q4_K and Q6_K, the head too) is on the kernel: none is dense."""
     model = native.target
     assert isinstance(model, Transformer) and model.quantization == "gguf-a8" and model.dtype == torch.float32
     layers = [m for m in model.modules() if isinstance(m, GgufKernelLinear)]
