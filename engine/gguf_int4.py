@@ -28,9 +28,9 @@ from engine.bundled import BUNDLED
 from engine.config import ModelArgs
 from engine.cpu_kernels import gguf_mm
 from engine.cpu_kernels.linear import GgufKernelLinear
-from engine.cpu_kernels.pack import PackedMatrix, concat_packed, pack_q4k, pack_q6k
+from engine.cpu_kernels.pack import PackCache, PackedMatrix, concat_packed, pack_q4k, pack_q6k
 from engine.model import Block, Transformer, rope_tables
-from engine.models import Log, log_to_stderr, resolve_gguf
+from engine.models import Log, cache_root, log_to_stderr, resolve_gguf
 from engine.q4k import Q4KGroups, concat_rows, unpack_q4k
 from engine.quant import GGUF_A8, GGUF_INT4, Int4Linear, QuantMode, check_device
 
@@ -73,6 +73,7 @@ class GgufTensors:
     def __init__(self, path: Path) -> None:
         self.reader = GGUFReader(path)
         self.by_name: dict[str, ReaderTensor] = {t.name: t for t in self.reader.tensors}
+        self.pack_cache = PackCache.for_file(Path(path), cache_root() / "packed")
 
     @property
     def architecture(self) -> str:
@@ -102,12 +103,14 @@ class GgufTensors:
         """A Q4_K or Q6_K matrix in the engine kernel's layout (engine/cpu_kernels/pack.py)."""
         n, k = self.matrix_shape(name)
         pack = pack_q4k if self.tensor(name).tensor_type == GGMLQuantizationType.Q4_K else pack_q6k
-        return pack(self.tensor(name).data, n, k)
+        return self.pack_cache.get(name, lambda: pack(self.tensor(name).data, n, k))
 
     def kernel_form(self, name: str) -> str:
         """How quant "gguf-a8" holds a matrix: 'Q4_K' / 'Q6_K' on the engine's kernel where its shape
         allows (K in 256s, N in 16s), else 'dense'."""
         tensor = self.tensor(name)
+        if len(tensor.shape) != 2:
+            return "dense"
         n, k = self.matrix_shape(name)
         if tensor.tensor_type in KERNEL_TYPES and k % 256 == 0 and n % 16 == 0:
             return str(tensor.tensor_type.name)
@@ -118,6 +121,25 @@ class GgufTensors:
         source = self.tensor(name)
         values = np.asarray(dequantize(source.data, source.tensor_type), dtype=np.float32)
         return torch.from_numpy(values.copy()).to(dtype)
+
+
+class GgufEmbedding(nn.Module):
+    """The token embedding as the file keeps it (Q4_K rows in Q4_K_M files: 131 MB for the 1.5B target
+    against 933 MB in fp32), each looked-up row dequantised by gguf as `dense` would be: the same values."""
+
+    rows: Tensor  # [V, bytes a row] uint8
+
+    def __init__(self, source: ReaderTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kind = source.tensor_type
+        rows = np.array(source.data, copy=True).view(np.uint8)  # a copy: the file is mapped read-only
+        self.register_buffer("rows", torch.from_numpy(rows))
+        self.dtype = dtype
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        picked = self.rows[tokens.reshape(-1).cpu()].numpy()  # [T, bytes a row]
+        values = np.asarray(dequantize(picked, self.kind), dtype=np.float32)  # [T, dim]
+        return torch.from_numpy(values).to(self.dtype).reshape(*tokens.shape, -1)
 
 
 def int4_from_q4k(groups: Q4KGroups, dtype: torch.dtype) -> Int4Linear:
@@ -219,9 +241,14 @@ def load_gguf_int4(
             f"quant {quant!r} reads {', '.join(GGUF_INT4_ARCHITECTURES)} GGUF files, not "
             f"{tensors.architecture!r} (its q/k rows are permuted): use quant 'int4' or the ggml backend"
         )
+    if quant == GGUF_A8 and not tensors.pack_cache.directory.is_dir():
+        log(
+            f"{quant}: rearranging the file's blocks for the engine's kernel once (~20 s on 2 cores) into "
+            f"{tensors.pack_cache.directory}"
+        )
     with torch.device("meta"):
         model = Transformer(args, max_seq_len)
-    model.tok_embeddings.weight = nn.Parameter(tensors.dense("token_embd.weight", dtype), requires_grad=False)
+    model.tok_embeddings = GgufEmbedding(tensors.tensor("token_embd.weight"), dtype)
     model.norm.weight = nn.Parameter(tensors.dense("output_norm.weight", dtype))
     for i, block in enumerate(model.blocks):
         _load_block(block, tensors, i, dtype, quant)
@@ -248,3 +275,25 @@ def load_gguf_int4(
     else:
         log(f"{quant}: {n_int4} layers hold the GGUF's Q4_K weights as int4, {n_dense} stay dense ({dtype})")
     return model.eval().requires_grad_(False)
+
+
+def prepare_packed(name_or_path: str, log: Log = log_to_stderr) -> int:
+    """Builds the engine's CPU kernels and rearranges a GGUF's Q4_K / Q6_K matrices for them into the pack
+    cache, so that the first load of the native backend neither compiles nor packs (`make setup` runs it);
+    idempotent. Returns how many matrices it packed now."""
+    gguf_mm()
+    tensors = GgufTensors(gguf_file_of(name_or_path, log))
+    if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
+        return 0
+    todo = [
+        name
+        for name in tensors.by_name
+        if name != "token_embd.weight"
+        and tensors.kernel_form(name) != "dense"
+        and not tensors.pack_cache.has(name)
+    ]
+    if todo:
+        log(f"{GGUF_A8}: rearranging {len(todo)} matrices of {name_or_path} for the engine's kernel (~20 s)")
+    for name in todo:
+        tensors.packed(name)
+    return len(todo)

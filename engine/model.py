@@ -180,7 +180,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.max_seq_len = max_seq_len
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Module = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, window) for window in args.layer_windows)
         self.blocks = cast(list[Block], list(self.layers))  # a typed view of the same modules
         self.norm = RMSNorm(args.dim, args.norm_eps)
@@ -194,11 +194,12 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.tok_embeddings.weight.dtype
+        """The activations' dtype (the final norm's: a GGUF load may keep the embedding quantised)."""
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.tok_embeddings.weight.device
+        return self.norm.weight.device
 
     def new_cache(self, max_seq_len: int | None = None) -> KVCache:
         """A cache of `max_seq_len` positions (default and most: the model's rope length)."""
@@ -239,7 +240,11 @@ class Transformer(nn.Module):
         elif isinstance(logits, int):
             x = x[-logits:]
         x = self.norm(x)
-        head_out = F.linear(x, self.tok_embeddings.weight) if self.output is None else self.output(x)
+        if self.output is None:
+            assert isinstance(self.tok_embeddings, nn.Embedding)  # tied: the head is the embedding matrix
+            head_out = F.linear(x, self.tok_embeddings.weight)
+        else:
+            head_out = self.output(x)
         return head_out.float()
 
 

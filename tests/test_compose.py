@@ -155,7 +155,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("VOICEAGENT_"):
             monkeypatch.delenv(name)
-    assert Settings().llm_is_local and Settings().gamma == "auto" and Settings().backend == "ggml"
+    assert Settings().llm_is_local and Settings().gamma == "auto" and Settings().backend == "native"
     monkeypatch.setenv("VOICEAGENT_GAMMA", "4")
     assert Settings().gamma == 4
     monkeypatch.setenv("VOICEAGENT_GAMMA", "auto")

@@ -73,11 +73,14 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(60.0, gt=0)
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str = "qwen2.5-coder-0.5b-instruct"
-    # The fastest exact setting on a CPU: the GGUF files on llama.cpp's kernels (backend ggml) with an
-    # adaptive draft length, which falls back to plain decoding where drafting does not pay
-    # (bench/results/2026-12-01-cpu-backends.md). On a GPU set VOICEAGENT_BACKEND=torch (and
+    # The fastest exact setting on a CPU: the target's GGUF blocks on the engine's own kernel (backend
+    # native: 1.27x llama.cpp's decoding, 1.7-1.9x its prompt eval, a verify of 5 ids 1.5x a step; voice
+    # to voice p50 420 / 340 ms against 457 / 429 on ggml, alternating; AMD EPYC Zen 5, AVX-512,
+    # bench/results/2026-12-04-cpu-zen5-native-kernel.md), the draft on llama.cpp's kernels, with an
+    # adaptive draft length, which falls back to plain decoding where drafting does not pay. "ggml" runs
+    # both files on llama.cpp's kernels. On a GPU set VOICEAGENT_BACKEND=torch (and
     # VOICEAGENT_QUANT / VOICEAGENT_DRAFT_QUANT=fp8 on Hopper); quant applies to the torch backend only.
-    backend: Literal["torch", "ggml"] = "ggml"
+    backend: Literal["torch", "ggml", "native"] = "native"
     gamma: int | Literal["auto"] = "auto"
     quant: Literal["none", "int8", "int4", "fp8"] = "none"
     draft_quant: Literal["none", "int8", "int4", "fp8"] = "none"

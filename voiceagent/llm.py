@@ -283,15 +283,17 @@ class LocalLLM:
 def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> None:
     """Assembles and converts the engine's bundled language models, and makes the files they draft from
     on the ggml backend where llama.cpp is installed (engine/ggml_draft.py); idempotent."""
-    from engine.bundled import BUNDLED
+    from engine.bundled import BUNDLED, DEFAULT_TARGET
     from engine.ggml import available
     from engine.ggml_draft import ggml_draft_gguf
+    from engine.gguf_int4 import prepare_packed
     from engine.models import prepare
 
     for name in BUNDLED:
         prepare(name, install_missing=install_missing, log=log)
         if available():
             ggml_draft_gguf(name, log=log)  # the file itself where the model names no draft type
+    prepare_packed(DEFAULT_TARGET, log=log)  # the native backend's kernels and the target's blocks
 
 
 def llm_model_status() -> list[tuple[str, bool, str]]:

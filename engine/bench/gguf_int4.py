@@ -3,8 +3,9 @@
     python -m engine.bench.gguf_int4 [--limit 8] [--max-new-tokens 32]
 
 Targets (the bundled 1.5B, plain decoding): `gguf-int4` (the GGUF's own Q4_K weights as torch int4),
-`int4` (today's: the bf16 weights re-quantised to int4 in groups of 128), `bf16`, and `llama.cpp` (the
-same GGUF on the ggml backend). References: the greedy output of the bf16 target and of llama.cpp, one per
+`int4` (today's: the bf16 weights re-quantised to int4 in groups of 128), `bf16`, `llama.cpp` (the
+same GGUF on the ggml backend) and `native` (its Q4_K / Q6_K blocks on the engine's own kernel, int8
+activations: backend native). References: the greedy output of the bf16 target and of llama.cpp, one per
 bench prompt (bench/prompts.jsonl). Agreement: each target is fed prompt + reference in one forward and
 its top-1 at every generated position is compared with the reference's token (teacher-forced top-1
 agreement over the generated tokens; a target against its own reference measures the rounding between
@@ -44,6 +45,7 @@ TARGETS: dict[str, dict[str, str]] = {  # name -> load_engine settings
     "bf16": {"quant": "none"},
     "int4": {"quant": "int4"},
     "gguf-int4": {"quant": "gguf-int4"},
+    "native": {"backend": "native"},  # gguf-a8: the file's Q4_K / Q6_K blocks on the engine's kernel
 }
 
 
@@ -159,7 +161,7 @@ def run(limit: int, max_new_tokens: int) -> dict[str, Any]:
     llama_cpp = loaded("llama.cpp", load_s)  # kept: its weights are a memory map
     prompts = bench_prompts(llama_cpp, limit)
     references = {"llama.cpp": [greedy(llama_cpp, prompt, max_new_tokens) for prompt in prompts]}
-    for name in ("bf16", "int4", "gguf-int4"):  # torch targets, one in memory at a time
+    for name in ("bf16", "int4", "gguf-int4", "native"):  # torch targets, one in memory at a time
         engine = loaded(name, load_s)
         if name == "bf16":
             references["bf16"] = [greedy(engine, prompt, max_new_tokens) for prompt in prompts]

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.cpu_kernels import gguf_mm
-from engine.cpu_kernels.pack import Q6K_BLOCK_BYTES, pack_q4k, pack_q6k, unpack_q6k
+from engine.cpu_kernels.pack import Q6K_BLOCK_BYTES, PackCache, pack_q4k, pack_q6k, unpack_q6k
 from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK
 
 
@@ -133,3 +133,18 @@ def test_older_cpus_code_paths_give_the_same_product(variant: str, isa: str, kin
     native = gguf_mm().matmul(xq, xs, xsum, blocks, n, packed.q6, True)
     if isa == "avx2":  # the same operations in the same order on narrower vectors
         assert torch.equal(y, native)
+
+
+def test_a_matrix_is_packed_once_and_read_back_the_same(tmp_path) -> None:
+    raw = random_q6k(32, 512, seed=2)
+    made: list[int] = []
+
+    def make():
+        made.append(1)
+        return pack_q6k(raw, 32, 512)
+
+    first = PackCache(tmp_path).get("blk.0.ffn_down.weight", make)
+    again = PackCache(tmp_path).get("blk.0.ffn_down.weight", make)
+    assert len(made) == 1 and (again.n, again.k, again.q6) == (32, 512, True)
+    assert np.array_equal(again.blocks, first.blocks)
+    assert not list(tmp_path.glob("*partial*"))
