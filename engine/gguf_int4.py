@@ -27,18 +27,37 @@ from torch import Tensor, nn
 from engine.bundled import BUNDLED
 from engine.config import ModelArgs
 from engine.cpu_kernels import gguf_mm
-from engine.cpu_kernels.linear import GgufKernelLinear
-from engine.cpu_kernels.pack import PackCache, PackedMatrix, concat_packed, pack_q4k, pack_q6k
+from engine.cpu_kernels.linear import GgufKernelLinear, SubsetHead
+from engine.cpu_kernels.pack import (
+    PackCache,
+    PackedMatrix,
+    concat_packed,
+    pack_q4_0,
+    pack_q4k,
+    pack_q6k,
+    pack_q8_0,
+)
 from engine.model import Block, Transformer, rope_tables
 from engine.models import Log, cache_root, log_to_stderr, resolve_gguf
 from engine.q4k import Q4KGroups, concat_rows, unpack_q4k
 from engine.quant import GGUF_A8, GGUF_INT4, Int4Linear, QuantMode, check_device
 
-# The matrix types the engine's own CPU kernel takes as they are (quant "gguf-a8").
-KERNEL_TYPES = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
+# The matrix types the engine's own CPU kernels take as they are (quant "gguf-a8"), and their packing.
+PACKERS = {
+    GGMLQuantizationType.Q4_K: pack_q4k,
+    GGMLQuantizationType.Q6_K: pack_q6k,
+    GGMLQuantizationType.Q4_0: pack_q4_0,
+    GGMLQuantizationType.Q8_0: pack_q8_0,
+}
 
 # Architectures whose GGUF conversion keeps the Hugging Face row order of q and k (llama's permutes them).
 GGUF_INT4_ARCHITECTURES = ("qwen2",)
+
+
+def kernel_runs(gguf: Path) -> bool:
+    """Whether the native backend can hold this GGUF's target on the engine's kernel (its architecture
+    keeps Hugging Face's q/k row order); other files run on llama.cpp's kernels there."""
+    return str(GGUFReader(gguf).fields["general.architecture"].contents()) in GGUF_INT4_ARCHITECTURES
 
 
 def gguf_file_of(name_or_path: str, log: Log = log_to_stderr) -> Path:
@@ -102,7 +121,7 @@ class GgufTensors:
     def packed(self, name: str) -> PackedMatrix:
         """A Q4_K or Q6_K matrix in the engine kernel's layout (engine/cpu_kernels/pack.py)."""
         n, k = self.matrix_shape(name)
-        pack = pack_q4k if self.tensor(name).tensor_type == GGMLQuantizationType.Q4_K else pack_q6k
+        pack = PACKERS[self.tensor(name).tensor_type]
         return self.pack_cache.get(name, lambda: pack(self.tensor(name).data, n, k))
 
     def kernel_form(self, name: str) -> str:
@@ -112,7 +131,8 @@ class GgufTensors:
         if len(tensor.shape) != 2:
             return "dense"
         n, k = self.matrix_shape(name)
-        if tensor.tensor_type in KERNEL_TYPES and k % 256 == 0 and n % 16 == 0:
+        block = 256 if tensor.tensor_type in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K) else 32
+        if tensor.tensor_type in PACKERS and k % block == 0 and n % 16 == 0:
             return str(tensor.tensor_type.name)
         return "dense"
 
@@ -269,7 +289,7 @@ def load_gguf_int4(
     n_dense = sum(isinstance(m, nn.Linear) for m in model.modules())
     if quant == GGUF_A8:
         log(
-            f"{quant}: {n_kernel} layers hold the GGUF's Q4_K / Q6_K blocks on the engine's kernel "
+            f"{quant}: {n_kernel} layers hold the GGUF's blocks as they are on the engine's kernel "
             f"({gguf_mm().isa()}), {n_dense} stay dense ({dtype})"
         )
     else:
@@ -297,3 +317,42 @@ def prepare_packed(name_or_path: str, log: Log = log_to_stderr) -> int:
     for name in todo:
         tensors.packed(name)
     return len(todo)
+
+
+DRAFT_HEAD_IDS = 65536  # a draft's head keeps the first ids (BPE ranks: the frequent ones) and the specials
+
+
+def draft_head_ids(vocab_size: int, n_regular: int, first_special: int) -> np.ndarray:
+    """The ids a draft's subset head scores: 0 .. n_regular - 1 and the special ids from `first_special` up
+    (end of turn among them), padded with the next regular ids to a multiple of 16 (the kernel's tile)."""
+    ids = list(range(n_regular)) + list(range(first_special, vocab_size))
+    pad = -len(ids) % 16
+    ids = sorted(set(ids) | set(range(n_regular, n_regular + pad)))
+    return np.asarray(ids, dtype=np.int64)
+
+
+def subset_draft_head(tensors: GgufTensors, model: Transformer, first_special: int) -> SubsetHead | None:
+    """The draft's head over DRAFT_HEAD_IDS frequent ids and the specials, on the kernel; None where the
+    file's head is not a type the kernel takes."""
+    name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    if tensors.kernel_form(name) not in ("Q8_0", "Q4_0", "Q6_K", "Q4_K"):
+        return None
+    vocab, k = tensors.matrix_shape(name)
+    ids = draft_head_ids(vocab, min(DRAFT_HEAD_IDS, first_special), first_special)
+    raw = np.asarray(tensors.tensor(name).data)[ids]  # [S, bytes a row]
+    pack = PACKERS[tensors.tensor(name).tensor_type]
+    packed = tensors.pack_cache.get(f"{name}.subset-{len(ids)}", lambda: pack(raw, len(ids), k))
+    return SubsetHead(GgufKernelLinear(packed), torch.from_numpy(ids), model.args.vocab_size)
+
+
+def load_native_draft(
+    path: Path, args: ModelArgs, *, max_seq_len: int, first_special: int, log: Log = log_to_stderr
+) -> Transformer:
+    """A draft on the engine's kernels (quant gguf-a8, fp32 rows) with its head over the frequent ids
+    (`subset_draft_head`): the output is still the target's, only the draft's cost falls."""
+    model = load_gguf_int4(path, args, max_seq_len=max_seq_len, dtype=torch.float32, log=log, quant=GGUF_A8)
+    head = subset_draft_head(GgufTensors(path), model, first_special)
+    if head is not None:
+        model.output = head
+        log(f"{GGUF_A8}: the draft's head scores {head.ids.numel()} of {model.args.vocab_size} ids")
+    return model

@@ -14,7 +14,7 @@ from engine.config import ModelArgs
 from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
 from engine.ggml_draft import ggml_draft_gguf
-from engine.gguf_int4 import gguf_file_of, load_gguf_int4
+from engine.gguf_int4 import gguf_file_of, kernel_runs, load_gguf_int4, load_native_draft
 from engine.model import Transformer
 from engine.models import Log, log_to_stderr, resolve, resolve_gguf
 from engine.options import NGRAM_DRAFT, EngineOptions, parse_dtype
@@ -102,13 +102,27 @@ def load_engine(
     target_model: Model
     draft_model: Model | None
     if options.backend in ("ggml", "native"):
-        if options.backend == "native":  # the engine's own kernel on the target's GGUF blocks, fp32 rows
+        target_gguf = resolve_gguf(options.target, log=log)
+        native = options.backend == "native" and kernel_runs(target_gguf)
+        if options.backend == "native" and not native:
+            log(f"native: {options.target} is not a qwen2 GGUF; its target runs on llama.cpp's kernels")
+        if native:  # the engine's own kernel on the target's GGUF blocks, fp32 rows
             target_model = load(options.target, target_dir, GGUF_A8, torch.float32)
         else:
-            target_model = GgmlModel(resolve_gguf(options.target, log=log), options.max_seq_len)
+            target_model = GgmlModel(target_gguf, options.max_seq_len)
         draft_model = None
         if draft_dir is not None and options.draft is not None:
-            draft_model = GgmlModel(ggml_draft_gguf(options.draft, log=log), options.max_seq_len)
+            draft_gguf = ggml_draft_gguf(options.draft, log=log)
+            if native and kernel_runs(draft_gguf):  # the draft on the engine's kernels too
+                draft_model = load_native_draft(
+                    draft_gguf,
+                    ModelArgs.from_json(draft_dir / "config.json"),
+                    max_seq_len=options.max_seq_len,
+                    first_special=min(tokenizer.get_added_vocab().values(), default=10**9),
+                    log=log,
+                )
+            else:
+                draft_model = GgmlModel(draft_gguf, options.max_seq_len)
     else:
         target_model = load(options.target, target_dir, options.quant)
         draft_model = None

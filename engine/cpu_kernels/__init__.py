@@ -17,7 +17,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gguf_mm.cpp", "attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("gguf_mm.cpp", "group32.cpp", "attention.cpp")]
+HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 # Builds for an older CPU's instructions on this one, so that every code path is tested where it can run:
 # "avx2" is what an AMD EPYC with AVX2 only (no AVX-512, no VNNI) runs; "scalar" any CPU's fallback.
@@ -41,7 +42,8 @@ def _cpu_flags() -> str:
 def build_key(flags: list[str]) -> str:
     import torch
 
-    text = "\n".join([*(s.read_text() for s in SOURCES), torch.__version__, " ".join(flags), _cpu_flags()])
+    sources = [path.read_text() for path in (*SOURCES, *HEADERS)]
+    text = "\n".join([*sources, torch.__version__, " ".join(flags), _cpu_flags()])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

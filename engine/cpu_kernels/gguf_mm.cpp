@@ -22,34 +22,17 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
+
+using namespace cpu_kernels;
 
 constexpr int TILE = 16;         // output channels per tile
 constexpr int SUPER = 256;       // inputs per super-block
 constexpr int Q4_BLOCK = 2368;   // bytes per Q4_K (tile, super-block)
 constexpr int Q6_BLOCK = 3360;   // bytes per Q6_K (tile, super-block)
 constexpr int MAX_ROWS = 8;      // rows that share one unpacking
-constexpr int PREFETCH_BLOCKS = 2;  // how far ahead the next blocks are asked for (the tiles are contiguous)
-
-// Asks for `lines` cache lines of the block PREFETCH_BLOCKS ahead, from line `first` on: spread over a
-// block's loop, so that streaming the weights overlaps the dot products of several rows.
-inline void prefetch_ahead(const uint8_t* block, int block_bytes, int first, int lines) {
-#if defined(__x86_64__) || defined(_M_X64)
-  const char* ahead = reinterpret_cast<const char*>(block) + PREFETCH_BLOCKS * block_bytes + first * 64;
-  for (int i = 0; i < lines; ++i) _mm_prefetch(ahead + i * 64, _MM_HINT_T0);
-#else
-  (void)block, (void)block_bytes, (void)first, (void)lines;
-#endif
-}
-
 struct Rows {
   const int8_t* xq;      // [M, K]
   const float* xs;       // [M, K / 256]
@@ -60,34 +43,6 @@ struct Rows {
   float scale(int m, int b) const { return xs[m * (k / SUPER) + b]; }
   int32_t sum16(int m, int h) const { return xsum[m * (k / 16) + h]; }
 };
-
-inline int32_t load_i32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-inline float half_to_float(uint16_t h) {
-  // IEEE binary16 -> binary32, subnormals included (the files' d and dmin are ordinary fp16).
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {
-      float f = std::ldexp(static_cast<float>(mantissa), -24);
-      std::memcpy(&bits, &f, 4);
-      bits |= sign;
-    }
-  } else if (exponent == 31) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
 
 // ---------------------------------------------------------------- scalar reference (any CPU)
 
@@ -153,81 +108,7 @@ void q6k_tile_scalar(const uint8_t* tile, const Rows& x, int r0, int rows, float
   }
 }
 
-// ---------------------------------------------------------------- SIMD: one code, two vector widths
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define GGUF_MM_SIMD 1
-struct Isa {
-  static constexpr int L = 16;  // channels (int32 lanes) per vector: the whole tile
-  using I = __m512i;
-  using F = __m512;
-  static const char* name() { return "avx512-vnni"; }
-  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-  static I zero() { return _mm512_setzero_si512(); }
-  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
-  static I bytes(int8_t v) { return _mm512_set1_epi8(v); }
-  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
-  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
-  template <int S> static I shl16(I a) { return _mm512_slli_epi16(a, S); }
-  template <int S> static I shr16(I a) { return _mm512_srli_epi16(a, S); }
-  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
-  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
-  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
-  static I dot(I acc, I u8, I s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
-  static I u8_to_i32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static I s8_to_i32(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static F half_to_f32(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static F to_f32(I a) { return _mm512_cvtepi32_ps(a); }
-  static F fset1(float v) { return _mm512_set1_ps(v); }
-  static F fzero() { return _mm512_setzero_ps(); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
-  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
-};
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#define GGUF_MM_SIMD 1
-struct Isa {
-  static constexpr int L = 8;  // a tile is done in two halves of 8 channels
-  using I = __m256i;
-  using F = __m256;
-#if defined(__AVXVNNI__)
-  static const char* name() { return "avx2-vnni"; }
-  static I dot(I acc, I u8, I s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
-#else
-  static const char* name() { return "avx2"; }
-  // u8 * s8 pairs summed to int16 (at most 63 * 127 * 2, no saturation), then pairs of those to int32.
-  static I dot(I acc, I u8, I s8) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
-  }
-#endif
-  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static I zero() { return _mm256_setzero_si256(); }
-  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
-  static I bytes(int8_t v) { return _mm256_set1_epi8(v); }
-  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
-  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
-  template <int S> static I shl16(I a) { return _mm256_slli_epi16(a, S); }
-  template <int S> static I shr16(I a) { return _mm256_srli_epi16(a, S); }
-  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
-  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
-  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
-  static I u8_to_i32(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static I s8_to_i32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static F half_to_f32(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static F to_f32(I a) { return _mm256_cvtepi32_ps(a); }
-  static F fset1(float v) { return _mm256_set1_ps(v); }
-  static F fzero() { return _mm256_setzero_ps(); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
-  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
-};
-#endif
-
 #ifdef GGUF_MM_SIMD
-using I = Isa::I;
-using F = Isa::F;
 
 // Channels [lane0, lane0 + L) of one Q4_K tile, rows r0 .. r0 + MR - 1.
 template <int MR>
@@ -351,14 +232,6 @@ void tile_simd(const uint8_t* tile, const Rows& x, int r0, int rows, float* y, i
 }
 #endif
 
-const char* isa_name() {
-#ifdef GGUF_MM_SIMD
-  return Isa::name();
-#else
-  return "scalar";
-#endif
-}
-
 void check_rows(const torch::Tensor& xq, const torch::Tensor& xs, const torch::Tensor& xsum) {
   TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == torch::kInt8 && xq.is_contiguous(), "xq: [M, K] int8");
   TORCH_CHECK(xq.size(1) % SUPER == 0, "K must be a multiple of 256, got ", xq.size(1));
@@ -443,6 +316,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& blocks, int64_
 
 }  // namespace
 
+// engine/cpu_kernels/group32.cpp
+std::vector<torch::Tensor> quantize_rows32(const torch::Tensor& x);
+torch::Tensor matmul32(const torch::Tensor& xq, const torch::Tensor& xs, const torch::Tensor& xsum,
+                       const torch::Tensor& blocks, int64_t n, bool bytes, bool simd);
+torch::Tensor linear32(const torch::Tensor& x, const torch::Tensor& blocks, int64_t n, bool bytes);
+
 // engine/cpu_kernels/attention.cpp
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                             const torch::Tensor& positions, int64_t window);
@@ -456,5 +335,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q6"));
   m.def("row_attention", &row_attention, "q [T, H, D], caches [KVH, S, D] -> [T, H, D], row by row",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"), py::arg("window"));
-  m.def("isa", &isa_name, "the vector instructions this build uses");
+  m.def("quantize_rows32", &quantize_rows32, "x [M, K] -> (xq int8, xs per 32, sums per 32)");
+  m.def("matmul32", &matmul32, "rows quantised per 32 times packed Q4_0 / Q8_0 blocks -> [M, N] float32",
+        py::arg("xq"), py::arg("xs"), py::arg("xsum"), py::arg("blocks"), py::arg("n"), py::arg("bytes"),
+        py::arg("simd") = true);
+  m.def("linear32", &linear32, "x [M, K] float -> [M, N] float32 (Q4_0 / Q8_0)", py::arg("x"),
+        py::arg("blocks"), py::arg("n"), py::arg("bytes"));
+  m.def("isa", &cpu_kernels::isa_name, "the vector instructions this build uses");
 }

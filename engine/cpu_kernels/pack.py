@@ -19,9 +19,15 @@ import numpy as np
 from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK, unpack_scales_mins
 
 TILE = 16  # output channels per tile
+GROUP = 32  # inputs per block of Q4_0 / Q8_0
 Q6K_BLOCK_BYTES = 210  # ggml's Q6_K: ql[128], qh[64], scales[16] int8, d fp16
+Q4_0_BLOCK_BYTES = 18  # ggml's Q4_0: d fp16, 16 bytes of nibbles (input j low, j + 16 high)
+Q8_0_BLOCK_BYTES = 34  # ggml's Q8_0: d fp16, 32 int8
 Q4K_PACKED_BYTES = 2368  # per (tile, super-block): quants 2048, sc 128, m 128, d 32, dmin 32
 Q6K_PACKED_BYTES = 3360  # quants 2048, high bits 1024, sc 256, d 32
+Q4_0_PACKED_BYTES = 288  # per (tile, group of 32): quants 256, d 32
+Q8_0_PACKED_BYTES = 544  # quants 512 (q + 128), d 32
+KINDS = ("Q4_K", "Q6_K", "Q4_0", "Q8_0")
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,11 @@ class PackedMatrix:
     blocks: np.ndarray
     n: int
     k: int
-    q6: bool  # Q6_K blocks, else Q4_K
+    kind: str  # one of KINDS: the file's block type
+
+    @property
+    def q6(self) -> bool:
+        return self.kind == "Q6_K"
 
 
 def _check_shape(n: int, k: int, kind: str) -> None:
@@ -83,7 +93,7 @@ def pack_q4k(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
         axis=2,
     )
     assert packed.shape[2] == Q4K_PACKED_BYTES, packed.shape
-    return PackedMatrix(np.ascontiguousarray(packed), n, k, q6=False)
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, "Q4_K")
 
 
 def unpack_q6k(raw: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -123,15 +133,58 @@ def pack_q6k(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
         axis=2,
     )
     assert packed.shape[2] == Q6K_PACKED_BYTES, packed.shape
-    return PackedMatrix(np.ascontiguousarray(packed), n, k, q6=True)
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, "Q6_K")
 
 
 def concat_packed(parts: list[PackedMatrix]) -> PackedMatrix:
     """Matrices of one kind and the same K stacked along N (tiles are whole channels, so they stack)."""
-    assert len({(p.k, p.q6) for p in parts}) == 1, [(p.k, p.q6) for p in parts]
+    assert len({(p.k, p.kind) for p in parts}) == 1, [(p.k, p.kind) for p in parts]
     return PackedMatrix(
-        np.concatenate([p.blocks for p in parts]), sum(p.n for p in parts), parts[0].k, parts[0].q6
+        np.concatenate([p.blocks for p in parts]), sum(p.n for p in parts), parts[0].k, parts[0].kind
     )
+
+
+def _group_check(n: int, k: int, kind: str) -> None:
+    if k % GROUP or n % TILE:
+        raise ValueError(f"{kind} packing needs K in 32s and N in 16s, got N = {n}, K = {k}")
+
+
+def _pack_group_quants(q: np.ndarray, n: int, k: int, nibbles: bool) -> np.ndarray:
+    """q [N, K] (0..15, or 0..255) -> [T, G, quant bytes]: per group of 32 its k4 vectors, paired into
+    nibbles (k4 vector 2p low, 2p + 1 high) or one byte each."""
+    t, g = n // TILE, k // GROUP
+    if nibbles:
+        grid = q.reshape(t, TILE, g, 4, 2, 4).transpose(0, 2, 3, 4, 1, 5)  # [T, G, p, nibble, c, i]
+        return (grid[:, :, :, 0] | (grid[:, :, :, 1] << 4)).reshape(t, g, 256).astype(np.uint8)
+    grid = q.reshape(t, TILE, g, 8, 4).transpose(0, 2, 3, 1, 4)  # [T, G, j, c, i]
+    return grid.reshape(t, g, 512).astype(np.uint8)
+
+
+def pack_q4_0(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
+    """The bytes of a Q4_0 matrix ([N, K / 32 * 18] uint8) -> packed; w = d * (q - 8)."""
+    _group_check(n, k, "Q4_0")
+    blocks = np.ascontiguousarray(raw).reshape(n * k // GROUP, Q4_0_BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).reshape(n, k // GROUP)
+    nibbles = blocks[:, 2:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=1).reshape(n, k)  # inputs 0-15, then 16-31
+    t, g = n // TILE, k // GROUP
+    d_tiles = d.reshape(t, TILE, g).transpose(0, 2, 1)  # [T, G, 16]
+    packed = np.concatenate([_pack_group_quants(q, n, k, True), _as_bytes(d_tiles)], axis=2)
+    assert packed.shape[2] == Q4_0_PACKED_BYTES, packed.shape
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, "Q4_0")
+
+
+def pack_q8_0(raw: np.ndarray, n: int, k: int) -> PackedMatrix:
+    """The bytes of a Q8_0 matrix ([N, K / 32 * 34] uint8) -> packed, the int8 values stored as q + 128."""
+    _group_check(n, k, "Q8_0")
+    blocks = np.ascontiguousarray(raw).reshape(n * k // GROUP, Q8_0_BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).reshape(n, k // GROUP)
+    unsigned = (blocks[:, 2:] ^ 0x80).reshape(n, k)  # int8 q as the byte q + 128
+    t, g = n // TILE, k // GROUP
+    d_tiles = d.reshape(t, TILE, g).transpose(0, 2, 1)
+    packed = np.concatenate([_pack_group_quants(unsigned, n, k, False), _as_bytes(d_tiles)], axis=2)
+    assert packed.shape[2] == Q8_0_PACKED_BYTES, packed.shape
+    return PackedMatrix(np.ascontiguousarray(packed), n, k, "Q8_0")
 
 
 class PackCache:
@@ -158,12 +211,13 @@ class PackCache:
         blocks_file = self.directory / f"{name}.npy"
         meta_file = self.directory / f"{name}.shape"
         if blocks_file.is_file() and meta_file.is_file():
-            n, k, q6 = (int(v) for v in meta_file.read_text().split())
-            return PackedMatrix(np.load(blocks_file), n, k, bool(q6))
+            n, k, kind = meta_file.read_text().split()
+            if kind in KINDS:  # else an entry of another layout: packed again
+                return PackedMatrix(np.load(blocks_file), int(n), int(k), kind)
         packed = make()
         self.directory.mkdir(parents=True, exist_ok=True)
         partial = blocks_file.with_name(f"{name}.{os.getpid()}.partial.npy")
         np.save(partial, packed.blocks)
         os.replace(partial, blocks_file)
-        meta_file.write_text(f"{packed.n} {packed.k} {int(packed.q6)}\n")  # last: it marks the entry whole
+        meta_file.write_text(f"{packed.n} {packed.k} {packed.kind}\n")  # last: it marks the entry whole
         return packed

@@ -1,4 +1,5 @@
-"""The engine's CPU kernel (engine/cpu_kernels): the file's K-quant values, rearranged, times int8 rows.
+"""The engine's CPU kernels (engine/cpu_kernels): the file's quantised values (Q4_K, Q6_K, Q4_0, Q8_0),
+rearranged, times int8 rows.
 
 What must hold: packing loses nothing (gguf's own dequantisation equals the packed blocks' values); the
 product equals the exact product of the dequantised weights and the int8-rounded activations (only float
@@ -17,7 +18,18 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.cpu_kernels import gguf_mm
-from engine.cpu_kernels.pack import Q6K_BLOCK_BYTES, PackCache, pack_q4k, pack_q6k, unpack_q6k
+from engine.cpu_kernels.linear import kernel_product
+from engine.cpu_kernels.pack import (
+    Q4_0_BLOCK_BYTES,
+    Q6K_BLOCK_BYTES,
+    Q8_0_BLOCK_BYTES,
+    PackCache,
+    pack_q4_0,
+    pack_q4k,
+    pack_q6k,
+    pack_q8_0,
+    unpack_q6k,
+)
 from engine.q4k import Q4K_BLOCK_BYTES, SUPER_BLOCK
 
 
@@ -41,46 +53,79 @@ def dense(raw: np.ndarray, kind: GGMLQuantizationType) -> torch.Tensor:
     return torch.from_numpy(np.asarray(dequantize(raw, kind), dtype=np.float64).copy())
 
 
-def rounded_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernel's int8 rows and the float64 values they stand for."""
-    xq, xs, xsum = gguf_mm().quantize_rows(x)
-    values = xq.double().reshape(x.shape[0], -1, SUPER_BLOCK) * xs.double()[..., None]
+def random_group32(block_bytes: int):
+    def make(n: int, k: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        raw = rng.integers(0, 256, size=(n * k // 32, block_bytes), dtype=np.uint8)
+        raw[:, 0:2] = rng.uniform(1e-4, 1e-2, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+        return raw.reshape(n, -1)
+
+    return make
+
+
+GROUP32 = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0)
+
+
+def quantized(module, x: torch.Tensor, kind: GGMLQuantizationType):
+    """The kernel's int8 rows for `kind` (per 256 inputs for K-quants, per 32 else) and the float64 values
+    they stand for."""
+    if kind in GROUP32:
+        xq, xs, xsum = module.quantize_rows32(x)
+        width = 32
+    else:
+        xq, xs, xsum = module.quantize_rows(x)
+        width = SUPER_BLOCK
+    values = xq.double().reshape(x.shape[0], -1, width) * xs.double()[..., None]
     return xq, xs, xsum, values.reshape(x.shape)
+
+
+def rounded_rows(x: torch.Tensor, kind: GGMLQuantizationType = GGMLQuantizationType.Q4_K):
+    return quantized(gguf_mm(), x, kind)
+
+
+def product(module, rows, blocks: torch.Tensor, n: int, kind: GGMLQuantizationType, simd: bool = True):
+    xq, xs, xsum = rows[:3]
+    if kind in GROUP32:
+        return module.matmul32(xq, xs, xsum, blocks, n, kind == GGMLQuantizationType.Q8_0, simd)
+    return module.matmul(xq, xs, xsum, blocks, n, kind == GGMLQuantizationType.Q6_K, simd)
 
 
 CASES = [
     (GGMLQuantizationType.Q4_K, random_q4k, pack_q4k),
     (GGMLQuantizationType.Q6_K, random_q6k, pack_q6k),
+    (GGMLQuantizationType.Q4_0, random_group32(Q4_0_BLOCK_BYTES), pack_q4_0),
+    (GGMLQuantizationType.Q8_0, random_group32(Q8_0_BLOCK_BYTES), pack_q8_0),
 ]
+IDS = ["q4k", "q6k", "q4_0", "q8_0"]
 
 
-@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13])
 def test_the_product_is_the_files_weights_times_the_rounded_rows(kind, make, pack, rows: int) -> None:
     n, k = 48, 768
     raw = make(n, k, seed=rows)
     packed = pack(raw, n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    xq, xs, xsum, x_rounded = rounded_rows(x)
-    expected = x_rounded @ dense(raw, kind).T  # [M, N] float64
+    rounded = rounded_rows(x, kind)
+    expected = rounded[3] @ dense(raw, kind).T  # [M, N] float64
     blocks = torch.from_numpy(packed.blocks)
     for simd in (True, False):
-        y = gguf_mm().matmul(xq, xs, xsum, blocks, n, packed.q6, simd)
+        y = product(gguf_mm(), rounded, blocks, n, kind, simd)
         assert y.shape == (rows, n) and y.dtype == torch.float32
         torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=IDS)
 def test_a_row_s_output_does_not_depend_on_the_rows_beside_it(kind, make, pack) -> None:
-    n, k = 32, 512
+    n, k = 32, 896 if kind in GROUP32 else 512  # 896: the 0.5B draft's width, which no K-quant divides
     packed = pack(make(n, k, seed=7), n, k)
     blocks = torch.from_numpy(packed.blocks)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(3))
-    together = gguf_mm().linear(x, blocks, n, packed.q6)
+    together = kernel_product(x, blocks, n, packed.kind)
     for i in range(x.shape[0]):
-        alone = gguf_mm().linear(x[i : i + 1], blocks, n, packed.q6)
+        alone = kernel_product(x[i : i + 1], blocks, n, packed.kind)
         assert torch.equal(alone[0], together[i]), i
-    assert torch.equal(gguf_mm().linear(x[2:9], blocks, n, packed.q6), together[2:9])
+    assert torch.equal(kernel_product(x[2:9], blocks, n, packed.kind), together[2:9])
 
 
 def test_q6k_unpacking_equals_gguf_s_dequantisation() -> None:
@@ -116,7 +161,7 @@ def test_bad_shapes_get_a_clear_error() -> None:
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX2 and SSE2 builds are x86-64 code")
 @pytest.mark.parametrize(("variant", "isa"), [("avx2", "avx2"), ("scalar", "scalar")])
-@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=["q4k", "q6k"])
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES, ids=IDS)
 def test_older_cpus_code_paths_give_the_same_product(variant: str, isa: str, kind, make, pack) -> None:
     """The build an AVX2-only CPU (AMD EPYC without AVX-512) or any other CPU runs, tested on this one."""
     module = gguf_mm(variant)
@@ -126,11 +171,11 @@ def test_older_cpus_code_paths_give_the_same_product(variant: str, isa: str, kin
     packed = pack(raw, n, k)
     blocks = torch.from_numpy(packed.blocks)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(5))
-    xq, xs, xsum, x_rounded = rounded_rows(x)
-    expected = x_rounded @ dense(raw, kind).T
-    y = module.matmul(xq, xs, xsum, blocks, n, packed.q6, True)
+    rounded = quantized(module, x, kind)
+    expected = rounded[3] @ dense(raw, kind).T
+    y = product(module, rounded, blocks, n, kind)
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-    native = gguf_mm().matmul(xq, xs, xsum, blocks, n, packed.q6, True)
+    native = product(gguf_mm(), rounded, blocks, n, kind)
     if isa == "avx2":  # the same operations in the same order on narrower vectors
         assert torch.equal(y, native)
 

@@ -1,5 +1,5 @@
-"""The native CPU backend: the target's GGUF blocks on the engine's own kernel (quant gguf-a8), the draft on
-llama.cpp's kernels, under the engine's speculation.
+"""The native CPU backend: the target's and the draft's GGUF blocks on the engine's own kernels (quant
+gguf-a8; the draft's head over its most frequent ids), under the engine's speculation.
 
 Its promise is stronger than the ggml backend's: every row of a forward is computed alone (the kernel's
 integer dot products, int8 rounding per row, attention row by row), so a verify's logits equal one-id
@@ -10,8 +10,10 @@ near-tie allowance.
 import pytest
 import torch
 
-from engine.cpu_kernels.linear import GgufKernelLinear
+from engine.cpu_kernels.linear import GgufKernelLinear, SubsetHead
 from engine.generate import Engine, ModelState
+from engine.ggml import GgmlModel
+from engine.gguf_int4 import draft_head_ids
 from engine.load import load_engine
 from engine.model import Transformer
 from engine.options import EngineOptions
@@ -36,8 +38,28 @@ def test_the_target_runs_the_files_blocks_on_the_kernel(native: Engine) -> None:
     assert isinstance(model, Transformer) and model.quantization == "gguf-a8" and model.dtype == torch.float32
     layers = [m for m in model.modules() if isinstance(m, GgufKernelLinear)]
     assert len(layers) >= 4 * model.args.n_layers + 1  # a fused q, k, v of two types is two layers
-    assert {layer.q6 for layer in layers} == {True, False}
+    assert {layer.kind for layer in layers} == {"Q4_K", "Q6_K"}
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+
+
+def test_the_draft_runs_on_the_kernels_with_a_head_over_the_frequent_ids(native: Engine) -> None:
+    draft = native.draft
+    assert isinstance(draft, Transformer) and isinstance(draft.output, SubsetHead)
+    end_of_turn = native.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    kept = set(draft.output.ids.tolist())
+    assert end_of_turn in kept and 0 in kept and len(kept) < draft.args.vocab_size // 2
+    state = ModelState(draft, draft.new_cache(64))
+    logits = state.feed(question(native, "Name three colours."), 0, "last")
+    assert logits is not None and logits.shape == (1, draft.args.vocab_size)
+    outside = torch.ones(draft.args.vocab_size, dtype=torch.bool)
+    outside[draft.output.ids] = False
+    assert torch.isinf(logits[0, outside]).all() and torch.isfinite(logits[0, ~outside]).all()
+
+
+def test_the_draft_head_keeps_the_first_ids_and_every_special_in_whole_tiles() -> None:
+    ids = draft_head_ids(vocab_size=1000, n_regular=100, first_special=990)
+    assert len(ids) % 16 == 0 and list(ids) == sorted(set(ids.tolist()))
+    assert set(range(100)) <= set(ids.tolist()) and set(range(990, 1000)) <= set(ids.tolist())
 
 
 def test_a_verify_s_logits_equal_one_id_steps_bit_for_bit(native: Engine) -> None:
@@ -74,5 +96,13 @@ def test_native_refuses_what_it_cannot_run() -> None:
         EngineOptions(TARGET, backend="native", quant="int4")
     with pytest.raises(ValueError, match="on a GPU use backend 'torch'"):
         EngineOptions(TARGET, backend="native", device="cuda")
-    with pytest.raises(ValueError, match="reads qwen2 GGUF files"):
-        load_engine(TINY, backend="native")  # a llama-architecture file
+
+
+def test_a_file_the_kernel_cannot_hold_runs_on_ggml_and_says_so() -> None:
+    """SmolLM2 (llama architecture, Q4_1): the native backend loads its target on llama.cpp's kernels."""
+    said: list[str] = []
+    engine = load_engine(TINY, TINY, backend="native", max_seq_len=256, gamma=4, log=said.append)
+    assert isinstance(engine.target, GgmlModel) and isinstance(engine.draft, GgmlModel)
+    assert any("llama.cpp's kernels" in line for line in said)
+    prompt = question(engine, "Name three colours.")
+    assert greedy_ids(engine, prompt, 4, 16) == greedy_ids(engine, prompt, 0, 16)

@@ -1,0 +1,156 @@
+// What the engine's CPU kernels share: the vector instructions of this build (one code for AVX-512 and
+// AVX2, chosen at compile time by -march), prefetching, and scalar helpers.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
+namespace cpu_kernels {
+
+constexpr int PREFETCH_BLOCKS = 2;  // how far ahead the next blocks are asked for (the tiles are contiguous)
+
+// Asks for `lines` cache lines of the block PREFETCH_BLOCKS ahead, from line `first` on: spread over a
+// block's loop, so that streaming the weights overlaps the dot products of several rows.
+inline void prefetch_ahead(const uint8_t* block, int block_bytes, int first, int lines) {
+#if defined(__x86_64__) || defined(_M_X64)
+  const char* ahead = reinterpret_cast<const char*>(block) + PREFETCH_BLOCKS * block_bytes + first * 64;
+  for (int i = 0; i < lines; ++i) _mm_prefetch(ahead + i * 64, _MM_HINT_T0);
+#else
+  (void)block, (void)block_bytes, (void)first, (void)lines;
+#endif
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline float half_to_float(uint16_t h) {
+  // IEEE binary16 -> binary32, subnormals included (the files' d and dmin are ordinary fp16).
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {
+      float f = std::ldexp(static_cast<float>(mantissa), -24);
+      std::memcpy(&bits, &f, 4);
+      bits |= sign;
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+// ---------------------------------------------------------------- SIMD: one code, two vector widths
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define GGUF_MM_SIMD 1
+struct Isa {
+  static constexpr int L = 16;  // channels (int32 lanes) per vector: the whole tile
+  using I = __m512i;
+  using F = __m512;
+  static constexpr bool kVnni = true;  // dot takes any unsigned byte (no 16-bit intermediate)
+  static const char* name() { return "avx512-vnni"; }
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I bytes(int8_t v) { return _mm512_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  template <int S> static I shl16(I a) { return _mm512_slli_epi16(a, S); }
+  template <int S> static I shr16(I a) { return _mm512_srli_epi16(a, S); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I dot(I acc, I u8, I s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+  // signed w times signed x: |w| times x with w's sign (the AVX2 form's counterpart; dot serves here).
+  static I dot_signed(I acc, I w, I x) {
+    const I x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+    return _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(w), x_signed);
+  }
+  static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
+  static I u8_to_i32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I s8_to_i32(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F half_to_f32(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F to_f32(I a) { return _mm512_cvtepi32_ps(a); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define GGUF_MM_SIMD 1
+struct Isa {
+  static constexpr int L = 8;  // a tile is done in two halves of 8 channels
+  using I = __m256i;
+  using F = __m256;
+  // signed w times signed x as |w| times x with w's sign (pairs of at most 127 * 127 * 2: no saturation).
+  static I dot_signed(I acc, I w, I x) {
+    const I products = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+  }
+#if defined(__AVXVNNI__)
+  static constexpr bool kVnni = true;
+  static const char* name() { return "avx2-vnni"; }
+  static I dot(I acc, I u8, I s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
+#else
+  static constexpr bool kVnni = false;  // dot's u8 operand must stay small (<= 128): see dot_signed
+  static const char* name() { return "avx2"; }
+  // u8 * s8 pairs summed to int16 (at most 63 * 127 * 2, no saturation), then pairs of those to int32.
+  static I dot(I acc, I u8, I s8) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+  }
+#endif
+  static I load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I bytes(int8_t v) { return _mm256_set1_epi8(v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
+  template <int S> static I shl16(I a) { return _mm256_slli_epi16(a, S); }
+  template <int S> static I shr16(I a) { return _mm256_srli_epi16(a, S); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I u8_to_i32(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static I s8_to_i32(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static F half_to_f32(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static F to_f32(I a) { return _mm256_cvtepi32_ps(a); }
+  static F fset1(float v) { return _mm256_set1_ps(v); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+
+#ifdef GGUF_MM_SIMD
+using I = Isa::I;
+using F = Isa::F;
+#endif
+
+inline const char* isa_name() {
+#ifdef GGUF_MM_SIMD
+  return Isa::name();
+#else
+  return "scalar";
+#endif
+}
+
+}  // namespace cpu_kernels
