@@ -293,7 +293,10 @@ def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> Non
         prepare(name, install_missing=install_missing, log=log)
         if available():
             ggml_draft_gguf(name, log=log)  # the file itself where the model names no draft type
-    prepare_packed(DEFAULT_TARGET, log=log)  # the native backend's kernels and the target's blocks
+    # The native backend's kernels, and the blocks of the target and of the draft's own file, rearranged.
+    prepare_packed(DEFAULT_TARGET, log=log)
+    if available():
+        prepare_packed(str(ggml_draft_gguf(DEFAULT_DRAFT, log=log)), log=log)
 
 
 def llm_model_status() -> list[tuple[str, bool, str]]:
