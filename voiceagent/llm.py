@@ -283,7 +283,7 @@ class LocalLLM:
 def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> None:
     """Assembles and converts the engine's bundled language models, and makes the files they draft from
     on the ggml backend where llama.cpp is installed (engine/ggml_draft.py); idempotent."""
-    from engine.bundled import BUNDLED, DEFAULT_TARGET
+    from engine.bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
     from engine.ggml import available
     from engine.ggml_draft import ggml_draft_gguf
     from engine.gguf_int4 import prepare_packed
