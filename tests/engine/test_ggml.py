@@ -118,7 +118,7 @@ def test_adaptive_length_is_calibrated_at_load_and_exact(pair: Engine) -> None:
 
 
 def test_ggml_refuses_what_it_cannot_run() -> None:
-    with pytest.raises(ValueError, match="own 4-bit weights"):
+    with pytest.raises(ValueError, match="GGUF files. own weights"):
         EngineOptions(TARGET, backend="ggml", quant="int4")
     with pytest.raises(ValueError, match="unknown backend"):
         EngineOptions(TARGET, backend="onnx")
