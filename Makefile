@@ -45,7 +45,7 @@ clean:
 # and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores);
 # then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes) and why
 # speech jobs and the engine take turns on the CPU (Piper beside a decoding engine, ~1 min) and what a forward
-# of 1..32 ids costs on llama.cpp's kernels (~1 min);
+# of 1..32 ids costs on llama.cpp's kernels (~1 min) and on the engine's own (~2 min);
 # then reliability: 100k fuzzing messages (~2.5 min), 1,000 abrupt disconnects (~1.5 min), phone-call load
 # on fakes (~1.5 min) and concurrent conversations on the real models (~5 min); then the streaming ASR
 # figures: espeak-ng questions, real recorded speech through tiny.en, base and Moonshine (~7 min) and
@@ -59,8 +59,10 @@ bench: setup
 	$(PY) -m bench.first_phrase
 	$(PY) -m bench.cpu_lane
 	$(PY) -m engine.bench.ggml_rows
+	$(PY) -m engine.bench.native_rows
 	$(PY) -m engine.bench.cpu_backends --limit 8 --max-new-tokens 64
-	$(PY) -m bench.spec_vs_plain
+	$(PY) -m bench.spec_vs_plain --backend native
+	$(PY) -m bench.spec_vs_plain --backend ggml
 	$(PY) -m engine.bench.w8a8
 	$(PY) bench/fuzz.py --messages 100000
 	$(PY) -m bench.disconnects --drops 1000

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, ReaderTensor
 from gguf.quants import dequantize
 from torch import Tensor, nn
 
@@ -37,6 +37,7 @@ from engine.cpu_kernels.pack import (
     pack_q6k,
     pack_q8_0,
 )
+from engine.gguf_file import read_gguf
 from engine.model import Block, Transformer, rope_tables
 from engine.models import Log, cache_root, log_to_stderr, resolve_gguf
 from engine.q4k import Q4KGroups, concat_rows, unpack_q4k
@@ -57,7 +58,7 @@ GGUF_INT4_ARCHITECTURES = ("qwen2",)
 def kernel_runs(gguf: Path) -> bool:
     """Whether the native backend can hold this GGUF's target on the engine's kernel (its architecture
     keeps Hugging Face's q/k row order); other files run on llama.cpp's kernels there."""
-    return str(GGUFReader(gguf).fields["general.architecture"].contents()) in GGUF_INT4_ARCHITECTURES
+    return read_gguf(gguf).architecture in GGUF_INT4_ARCHITECTURES
 
 
 def gguf_file_of(name_or_path: str, log: Log = log_to_stderr) -> Path:
@@ -90,20 +91,20 @@ class GgufTensors:
     """The tensors of one GGUF file by name, as the engine wants them."""
 
     def __init__(self, path: Path) -> None:
-        self.reader = GGUFReader(path)
-        self.by_name: dict[str, ReaderTensor] = {t.name: t for t in self.reader.tensors}
+        self.file = read_gguf(Path(path))
+        self.by_name: dict[str, ReaderTensor] = {t.name: t for t in self.file.tensors}
         self.pack_cache = PackCache.for_file(Path(path), cache_root() / "packed")
 
     @property
     def architecture(self) -> str:
-        return str(self.reader.fields["general.architecture"].contents())
+        return self.file.architecture
 
     def __contains__(self, name: str) -> bool:
         return name in self.by_name
 
     def tensor(self, name: str) -> ReaderTensor:
         if name not in self.by_name:
-            raise ValueError(f"the GGUF file {self.reader.data.filename} has no tensor {name!r}")
+            raise ValueError(f"the GGUF file {self.file.path} has no tensor {name!r}")
         return self.by_name[name]
 
     def matrix_shape(self, name: str) -> tuple[int, int]:

@@ -219,16 +219,7 @@ void tile_rows(const uint8_t* tile, const Rows& x, int r0, float* y, int64_t ldy
 
 template <bool Q6>
 void tile_simd(const uint8_t* tile, const Rows& x, int r0, int rows, float* y, int64_t ldy) {
-  switch (rows) {
-    case 1: return tile_rows<Q6, 1>(tile, x, r0, y, ldy);
-    case 2: return tile_rows<Q6, 2>(tile, x, r0, y, ldy);
-    case 3: return tile_rows<Q6, 3>(tile, x, r0, y, ldy);
-    case 4: return tile_rows<Q6, 4>(tile, x, r0, y, ldy);
-    case 5: return tile_rows<Q6, 5>(tile, x, r0, y, ldy);
-    case 6: return tile_rows<Q6, 6>(tile, x, r0, y, ldy);
-    case 7: return tile_rows<Q6, 7>(tile, x, r0, y, ldy);
-    default: return tile_rows<Q6, 8>(tile, x, r0, y, ldy);
-  }
+  with_rows(rows, [&](auto mr) { tile_rows<Q6, decltype(mr)::value>(tile, x, r0, y, ldy); });
 }
 #endif
 

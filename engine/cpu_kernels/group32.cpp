@@ -127,16 +127,7 @@ void tile_rows(const uint8_t* tile, const Rows32& x, int r0, float* y, int64_t l
 
 template <bool BYTES>
 void tile_simd(const uint8_t* tile, const Rows32& x, int r0, int rows, float* y, int64_t ldy) {
-  switch (rows) {
-    case 1: return tile_rows<BYTES, 1>(tile, x, r0, y, ldy);
-    case 2: return tile_rows<BYTES, 2>(tile, x, r0, y, ldy);
-    case 3: return tile_rows<BYTES, 3>(tile, x, r0, y, ldy);
-    case 4: return tile_rows<BYTES, 4>(tile, x, r0, y, ldy);
-    case 5: return tile_rows<BYTES, 5>(tile, x, r0, y, ldy);
-    case 6: return tile_rows<BYTES, 6>(tile, x, r0, y, ldy);
-    case 7: return tile_rows<BYTES, 7>(tile, x, r0, y, ldy);
-    default: return tile_rows<BYTES, 8>(tile, x, r0, y, ldy);
-  }
+  with_rows(rows, [&](auto mr) { tile_rows<BYTES, decltype(mr)::value>(tile, x, r0, y, ldy); });
 }
 #endif
 

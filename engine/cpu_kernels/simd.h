@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -144,6 +145,22 @@ struct Isa {
 using I = Isa::I;
 using F = Isa::F;
 #endif
+
+// Calls f(std::integral_constant<int, R>{}) with R = rows (1 .. 8; more count as 8): a kernel's row count
+// as a compile-time constant, so that its accumulators stay in registers.
+template <class Fn>
+inline void with_rows(int rows, Fn&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
 
 inline const char* isa_name() {
 #ifdef GGUF_MM_SIMD
