@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from engine.config import ModelArgs
+from engine.cpu_kernels import kernels_build
 from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
 from engine.ggml_draft import ggml_draft_gguf
@@ -106,6 +107,8 @@ def load_engine(
         native = options.backend == "native" and kernel_runs(target_gguf)
         if options.backend == "native" and not native:
             log(f"native: {options.target} is not a qwen2 GGUF; its target runs on llama.cpp's kernels")
+        if native and not kernels_build(log):
+            native = False
         if native:  # the engine's own kernel on the target's GGUF blocks, fp32 rows
             target_model = load(options.target, target_dir, GGUF_A8, torch.float32)
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -79,3 +80,17 @@ def gguf_mm(variant: str = "native") -> ModuleType:
             f"could not build the CPU kernels in {SOURCES[0].parent} ({error}); they need g++ and ninja "
             "(`make setup` installs both), or load the model with the ggml backend"
         ) from error
+
+
+def kernels_build(log: Callable[[str], None]) -> bool:
+    """Whether the kernels build (or are built) here; if not, says why and that llama.cpp's kernels run
+    instead, so a machine without a compiler still serves (on the ggml backend's speed)."""
+    try:
+        gguf_mm()
+    except RuntimeError as error:
+        log(
+            f"native: the engine's CPU kernels did not build ({str(error).splitlines()[0]}); "
+            "both models run on llama.cpp's kernels"
+        )
+        return False
+    return True

@@ -106,3 +106,17 @@ def test_a_file_the_kernel_cannot_hold_runs_on_ggml_and_says_so() -> None:
     assert any("llama.cpp's kernels" in line for line in said)
     prompt = question(engine, "Name three colours.")
     assert greedy_ids(engine, prompt, 4, 16) == greedy_ids(engine, prompt, 0, 16)
+
+
+def test_without_a_compiler_the_native_backend_serves_on_llama_cpp_s_kernels(monkeypatch) -> None:
+    """A kernel that cannot be built (no g++ or ninja) costs speed, not service: both models go to ggml."""
+    import engine.cpu_kernels as kernels
+
+    def no_build(variant: str = "native") -> None:
+        raise RuntimeError("could not build the CPU kernels (no g++)")
+
+    monkeypatch.setattr(kernels, "gguf_mm", no_build)
+    said: list[str] = []
+    engine = load_engine(TARGET, DRAFT, backend="native", max_seq_len=256, gamma=4, log=said.append)
+    assert isinstance(engine.target, GgmlModel) and isinstance(engine.draft, GgmlModel)
+    assert any("did not build" in line and "llama.cpp's kernels" in line for line in said)
