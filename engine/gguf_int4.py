@@ -299,9 +299,9 @@ def load_gguf_int4(
 
 
 def prepare_packed(name_or_path: str, log: Log = log_to_stderr) -> int:
-    """Builds the engine's CPU kernels and rearranges a GGUF's Q4_K / Q6_K matrices for them into the pack
-    cache, so that the first load of the native backend neither compiles nor packs (`make setup` runs it);
-    idempotent. Returns how many matrices it packed now."""
+    """Builds the engine's CPU kernels and rearranges a GGUF's Q4_K, Q6_K, Q4_0 and Q8_0 matrices for
+    them into the pack cache, so that the first load of the native backend neither compiles nor packs
+    (`make setup` runs it); idempotent. Returns how many matrices it packed now."""
     gguf_mm()
     tensors = GgufTensors(gguf_file_of(name_or_path, log))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:

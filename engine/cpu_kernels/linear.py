@@ -1,4 +1,4 @@
-"""A linear layer on the engine's CPU kernel: the GGUF's Q4_K / Q6_K blocks as they are, int8 activations."""
+"""A linear layer on the engine's CPU kernels: the GGUF's blocks as they are, int8 activations."""
 
 from __future__ import annotations
 
