@@ -35,9 +35,10 @@ class EngineOptions:
     `static_shapes` (None: on for CUDA) runs decode steps as fixed-shape forwards, captured as CUDA
     graphs on a GPU.
     `backend` "ggml" runs both models' GGUF files on llama.cpp's CPU kernels (engine/ggml.py); dtype and
-    quantisation are then the files' own. `backend` "native" runs the target's GGUF blocks as they are on
-    the engine's own CPU kernel (quant "gguf-a8", engine/cpu_kernels: a forward of a few ids costs about
-    one of one id) with fp32 activations, and the draft's GGUF on llama.cpp's kernels.
+    quantisation are then the files' own. `backend` "native" runs both models' GGUF blocks as they are on
+    the engine's own CPU kernels (quant "gguf-a8", engine/cpu_kernels: a forward of a few ids costs about
+    one of one id) with fp32 activations, the draft's head over its most frequent ids; a file the kernels
+    cannot hold, or a machine where they do not build, runs on llama.cpp's kernels instead.
     """
 
     target: str
