@@ -120,14 +120,14 @@ class GgufTensors:
         return unpack_q4k(self.tensor(name).data, n, k)
 
     def packed(self, name: str) -> PackedMatrix:
-        """A Q4_K or Q6_K matrix in the engine kernel's layout (engine/cpu_kernels/pack.py)."""
+        """A Q4_K, Q6_K, Q4_0 or Q8_0 matrix in the engine kernels' layout (engine/cpu_kernels/pack.py)."""
         n, k = self.matrix_shape(name)
         pack = PACKERS[self.tensor(name).tensor_type]
         return self.pack_cache.get(name, lambda: pack(self.tensor(name).data, n, k))
 
     def kernel_form(self, name: str) -> str:
-        """How quant "gguf-a8" holds a matrix: 'Q4_K' / 'Q6_K' on the engine's kernel where its shape
-        allows (K in 256s, N in 16s), else 'dense'."""
+        """How quant "gguf-a8" holds a matrix: its type's name (Q4_K, Q6_K, Q4_0, Q8_0) on the engine's
+        kernels where its shape allows (K in 256s for K-quants, in 32s else; N in 16s), else 'dense'."""
         tensor = self.tensor(name)
         if len(tensor.shape) != 2:
             return "dense"
@@ -251,10 +251,12 @@ def load_gguf_int4(
     device: str = "cpu",
     log: Log = log_to_stderr,
     quant: QuantMode = GGUF_INT4,
+    draft_head_from: int | None = None,
 ) -> Transformer:
     """The engine's model with the GGUF file's Q4_K matrices as int4 and the rest dense (quant
-    "gguf-int4"), or its Q4_K and Q6_K matrices as they are on the engine's own kernel (quant "gguf-a8");
-    CPU only."""
+    "gguf-int4"), or its Q4_K, Q6_K, Q4_0 and Q8_0 matrices as they are on the engine's own kernels
+    (quant "gguf-a8"); CPU only. `draft_head_from` (gguf-a8, a draft only): the first special id, and the
+    head scores the frequent ids and the specials only (`subset_draft_head`)."""
     check_device(quant, torch.device(device))
     tensors = GgufTensors(Path(path))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
@@ -273,9 +275,11 @@ def load_gguf_int4(
     model.norm.weight = nn.Parameter(tensors.dense("output_norm.weight", dtype))
     for i, block in enumerate(model.blocks):
         _load_block(block, tensors, i, dtype, quant)
-    # llama.cpp uses output.weight when the file has one (even if the config ties it), else the embeddings.
-    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    model.output = linear_from_gguf(tensors, [head], None, dtype, quant)
+    head = head_name(tensors)
+    subset = None
+    if quant == GGUF_A8 and draft_head_from is not None:
+        subset = subset_draft_head(tensors, args.vocab_size, draft_head_from)
+    model.output = subset if subset is not None else linear_from_gguf(tensors, [head], None, dtype, quant)
     cos, sin = rope_tables(args, max_seq_len)
     model.rope_cos, model.rope_sin = cos, sin
     model.quantization = quant
@@ -295,23 +299,31 @@ def load_gguf_int4(
         )
     else:
         log(f"{quant}: {n_int4} layers hold the GGUF's Q4_K weights as int4, {n_dense} stay dense ({dtype})")
+    if subset is not None:
+        log(f"{quant}: the draft's head scores {subset.ids.numel()} of {args.vocab_size} ids")
     return model.eval().requires_grad_(False)
 
 
-def prepare_packed(name_or_path: str, log: Log = log_to_stderr) -> int:
+def head_name(tensors: GgufTensors) -> str:
+    """llama.cpp uses output.weight when the file has one (even if the config ties it), else the
+    embeddings."""
+    return "output.weight" if "output.weight" in tensors else "token_embd.weight"
+
+
+def prepare_packed(name_or_path: str, log: Log = log_to_stderr, *, draft: bool = False) -> int:
     """Builds the engine's CPU kernels and rearranges a GGUF's Q4_K, Q6_K, Q4_0 and Q8_0 matrices for
     them into the pack cache, so that the first load of the native backend neither compiles nor packs
-    (`make setup` runs it); idempotent. Returns how many matrices it packed now."""
+    (`make setup` runs it); idempotent. A draft's whole head is left out: it loads a subset head (packed
+    on its first load, ~1 s). Returns how many matrices it packed now."""
     gguf_mm()
     tensors = GgufTensors(gguf_file_of(name_or_path, log))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
         return 0
+    unused = {"token_embd.weight"} | ({head_name(tensors)} if draft else set())
     todo = [
         name
         for name in tensors.by_name
-        if name != "token_embd.weight"
-        and tensors.kernel_form(name) != "dense"
-        and not tensors.pack_cache.has(name)
+        if name not in unused and tensors.kernel_form(name) != "dense" and not tensors.pack_cache.has(name)
     ]
     if todo:
         log(f"{GGUF_A8}: rearranging {len(todo)} matrices of {name_or_path} for the engine's kernel (~20 s)")
@@ -332,18 +344,18 @@ def draft_head_ids(vocab_size: int, n_regular: int, first_special: int) -> np.nd
     return np.asarray(ids, dtype=np.int64)
 
 
-def subset_draft_head(tensors: GgufTensors, model: Transformer, first_special: int) -> SubsetHead | None:
+def subset_draft_head(tensors: GgufTensors, vocab_size: int, first_special: int) -> SubsetHead | None:
     """The draft's head over DRAFT_HEAD_IDS frequent ids and the specials, on the kernel; None where the
     file's head is not a type the kernel takes."""
-    name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    if tensors.kernel_form(name) not in ("Q8_0", "Q4_0", "Q6_K", "Q4_K"):
+    name = head_name(tensors)
+    if tensors.kernel_form(name) == "dense":
         return None
     vocab, k = tensors.matrix_shape(name)
     ids = draft_head_ids(vocab, min(DRAFT_HEAD_IDS, first_special), first_special)
     raw = np.asarray(tensors.tensor(name).data)[ids]  # [S, bytes a row]
     pack = PACKERS[tensors.tensor(name).tensor_type]
     packed = tensors.pack_cache.get(f"{name}.subset-{len(ids)}", lambda: pack(raw, len(ids), k))
-    return SubsetHead(GgufKernelLinear(packed), torch.from_numpy(ids), model.args.vocab_size)
+    return SubsetHead(GgufKernelLinear(packed), torch.from_numpy(ids), vocab_size)
 
 
 def load_native_draft(
@@ -351,9 +363,12 @@ def load_native_draft(
 ) -> Transformer:
     """A draft on the engine's kernels (quant gguf-a8, fp32 rows) with its head over the frequent ids
     (`subset_draft_head`): the output is still the target's, only the draft's cost falls."""
-    model = load_gguf_int4(path, args, max_seq_len=max_seq_len, dtype=torch.float32, log=log, quant=GGUF_A8)
-    head = subset_draft_head(GgufTensors(path), model, first_special)
-    if head is not None:
-        model.output = head
-        log(f"{GGUF_A8}: the draft's head scores {head.ids.numel()} of {model.args.vocab_size} ids")
-    return model
+    return load_gguf_int4(
+        path,
+        args,
+        max_seq_len=max_seq_len,
+        dtype=torch.float32,
+        log=log,
+        quant=GGUF_A8,
+        draft_head_from=first_special,
+    )

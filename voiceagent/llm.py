@@ -296,7 +296,7 @@ def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> Non
     # The native backend's kernels, and the blocks of the target and of the draft's own file, rearranged.
     prepare_packed(DEFAULT_TARGET, log=log)
     if available():
-        prepare_packed(str(ggml_draft_gguf(DEFAULT_DRAFT, log=log)), log=log)
+        prepare_packed(str(ggml_draft_gguf(DEFAULT_DRAFT, log=log)), log=log, draft=True)
 
 
 def llm_model_status() -> list[tuple[str, bool, str]]:

@@ -33,6 +33,7 @@ constexpr int SUPER = 256;       // inputs per super-block
 constexpr int Q4_BLOCK = 2368;   // bytes per Q4_K (tile, super-block)
 constexpr int Q6_BLOCK = 3360;   // bytes per Q6_K (tile, super-block)
 constexpr int MAX_ROWS = 8;      // rows that share one unpacking
+constexpr int PREFETCH_BLOCKS = 2;  // how far ahead the weights are asked for (the tiles are contiguous)
 struct Rows {
   const int8_t* xq;      // [M, K]
   const float* xs;       // [M, K / 256]
@@ -122,7 +123,7 @@ void q4k_slice(const uint8_t* tile, const Rows& x, int r0, int lane0, float* y, 
     I acc[MR];
     for (int m = 0; m < MR; ++m) acc[m] = Isa::zero();
     for (int g = 0; g < 8; ++g) {
-      if (lane0 == 0) prefetch_ahead(blk, Q4_BLOCK, g * 5, 5);  // 37 lines a block
+      if (lane0 == 0) prefetch_lines(blk + PREFETCH_BLOCKS * Q4_BLOCK + g * 5 * 64, 5);  // 37 lines a block
       I dot[MR];
       for (int m = 0; m < MR; ++m) dot[m] = Isa::zero();
       for (int p = 0; p < 4; ++p) {
@@ -183,7 +184,7 @@ void q6k_slice(const uint8_t* tile, const Rows& x, int r0, int lane0, float* y, 
     I acc[MR];
     for (int m = 0; m < MR; ++m) acc[m] = Isa::zero();
     for (int h = 0; h < 16; ++h) {
-      if (lane0 == 0) prefetch_ahead(blk, Q6_BLOCK, h * 4, 4);  // 53 lines a block
+      if (lane0 == 0) prefetch_lines(blk + PREFETCH_BLOCKS * Q6_BLOCK + h * 4 * 64, 4);  // 53 lines a block
       const I high = Isa::load(blk + 2048 + h * 64 + 4 * lane0);
       const int k_group = b * SUPER + (h / 2) * 32;
       I dot[MR];

@@ -38,14 +38,6 @@ struct Rows32 {
   int32_t sum(int m, int g) const { return xsum[m * (k / GROUP) + g]; }
 };
 
-inline void prefetch_lines(const uint8_t* at, int lines) {
-#if defined(__x86_64__) || defined(_M_X64)
-  for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(at) + PREFETCH_BYTES + i * 64, _MM_HINT_T0);
-#else
-  (void)at, (void)lines;
-#endif
-}
-
 template <bool BYTES>
 void tile_scalar(const uint8_t* tile, const Rows32& x, int r0, int rows, float* y, int64_t ldy) {
   const int block = BYTES ? Q8_0_BLOCK : Q4_0_BLOCK, quant_bytes = BYTES ? 512 : 256, offset = BYTES ? 128 : 8;
@@ -82,7 +74,7 @@ void slice_simd(const uint8_t* tile, const Rows32& x, int r0, int lane0, float* 
   for (int m = 0; m < MR; ++m) out[m] = Isa::fzero();
   for (int g = 0; g < x.groups(); ++g) {
     const uint8_t* blk = tile + static_cast<int64_t>(g) * block;
-    if (lane0 == 0) prefetch_lines(blk, (block + 63) / 64);
+    if (lane0 == 0) prefetch_lines(blk + PREFETCH_BYTES, (block + 63) / 64);
     I dot[MR];
     for (int m = 0; m < MR; ++m) dot[m] = Isa::zero();
     // Without VNNI, bytes up to 255 would saturate AVX2's 16-bit pairs: there the weights go back to

@@ -22,13 +22,15 @@ class GgufKernelLinear(nn.Module):
     """y = x @ W^T (+ bias) for W one packed matrix [N, K]: the file's own 4-, 6- or 8-bit values and
     scales; each row of x rounded to int8 as `kernel_product` says; float32, cast back to x's dtype."""
 
-    blocks: Tensor  # [N / 16, K / 256, block bytes] uint8
+    blocks: Tensor  # [N / 16, K / 256 (K / 32 for Q4_0, Q8_0), block bytes] uint8
 
-    def __init__(self, packed: PackedMatrix, bias: Tensor | None = None) -> None:
+    bias: Tensor | None  # set by the loader where the file has one (q, k, v)
+
+    def __init__(self, packed: PackedMatrix) -> None:
         super().__init__()
         self.register_buffer("blocks", torch.from_numpy(np.ascontiguousarray(packed.blocks)))
         self.out_features, self.in_features, self.kind = packed.n, packed.k, packed.kind
-        self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
+        self.bias = None
         gguf_mm()  # build or load the kernel now, not in the first forward
 
     def forward(self, x: Tensor) -> Tensor:

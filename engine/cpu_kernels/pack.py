@@ -1,9 +1,10 @@
-"""A GGUF file's Q4_K and Q6_K matrices rearranged for engine/cpu_kernels/gguf_mm.cpp, with no rounding.
+"""A GGUF file's Q4_K, Q6_K, Q4_0 and Q8_0 matrices rearranged for engine/cpu_kernels (gguf_mm.cpp for
+the K-quants, group32.cpp for the others), with no rounding.
 
-Both the file and the kernel's layout hold the same 4- or 6-bit values and the same scales; only the order
-changes: tiles of 16 output channels, one block per (tile, super-block of 256 inputs), and in a block the
-quants of 16 channels x 4 consecutive inputs side by side (64 bytes: what one VNNI dot product takes).
-The C++ file's header gives every byte's place.
+Both the file and the kernels' layout hold the same values and the same scales; only the order changes:
+tiles of 16 output channels, one block per (tile, super-block of 256 inputs; group of 32 for Q4_0 / Q8_0),
+and in a block the quants of 16 channels x 4 consecutive inputs side by side (64 bytes: what one VNNI dot
+product takes). The C++ files' headers give every byte's place.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ KINDS = ("Q4_K", "Q6_K", "Q4_0", "Q8_0")
 
 @dataclass(frozen=True)
 class PackedMatrix:
-    """One matrix [N, K] in the kernel's layout: blocks [N / 16, K / 256, block bytes] uint8."""
+    """One matrix [N, K] in the kernels' layout: blocks [N / 16, K / 256 (K / 32), block bytes] uint8."""
 
     blocks: np.ndarray
     n: int

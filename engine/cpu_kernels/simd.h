@@ -13,16 +13,13 @@
 
 namespace cpu_kernels {
 
-constexpr int PREFETCH_BLOCKS = 2;  // how far ahead the next blocks are asked for (the tiles are contiguous)
-
-// Asks for `lines` cache lines of the block PREFETCH_BLOCKS ahead, from line `first` on: spread over a
-// block's loop, so that streaming the weights overlaps the dot products of several rows.
-inline void prefetch_ahead(const uint8_t* block, int block_bytes, int first, int lines) {
+// Asks for `lines` cache lines from `from` on: the kernels ask for the weights a little ahead of the ones
+// they multiply, spread over a block's loop, so that streaming them overlaps the dot products of the rows.
+inline void prefetch_lines(const uint8_t* from, int lines) {
 #if defined(__x86_64__) || defined(_M_X64)
-  const char* ahead = reinterpret_cast<const char*>(block) + PREFETCH_BLOCKS * block_bytes + first * 64;
-  for (int i = 0; i < lines; ++i) _mm_prefetch(ahead + i * 64, _MM_HINT_T0);
+  for (int i = 0; i < lines; ++i) _mm_prefetch(reinterpret_cast<const char*>(from) + i * 64, _MM_HINT_T0);
 #else
-  (void)block, (void)block_bytes, (void)first, (void)lines;
+  (void)from, (void)lines;
 #endif
 }
 

@@ -79,10 +79,6 @@ def quantized(module, x: torch.Tensor, kind: GGMLQuantizationType):
     return xq, xs, xsum, values.reshape(x.shape)
 
 
-def rounded_rows(x: torch.Tensor, kind: GGMLQuantizationType = GGMLQuantizationType.Q4_K):
-    return quantized(gguf_mm(), x, kind)
-
-
 def product(module, rows, blocks: torch.Tensor, n: int, kind: GGMLQuantizationType, simd: bool = True):
     xq, xs, xsum = rows[:3]
     if kind in GROUP32:
@@ -106,7 +102,7 @@ def test_the_product_is_the_files_weights_times_the_rounded_rows(kind, make, pac
     raw = make(n, k, seed=rows)
     packed = pack(raw, n, k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    rounded = rounded_rows(x, kind)
+    rounded = quantized(gguf_mm(), x, kind)
     expected = rounded[3] @ dense(raw, kind).T  # [M, N] float64
     blocks = torch.from_numpy(packed.blocks)
     for simd in (True, False):
