@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from engine.bundled import BUNDLED
 from engine.config import ModelArgs
 from engine.cpu_kernels import gguf_mm
+from engine.cpu_kernels.layer import native_layer
 from engine.cpu_kernels.linear import GgufKernelLinear, SubsetHead
 from engine.cpu_kernels.pack import (
     PackCache,
@@ -286,6 +287,7 @@ def load_gguf_int4(
     if quant == GGUF_A8:
         for block in model.blocks:
             block.attention.row_by_row = True
+            block.native = native_layer(block)
     meta = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
     if meta:
         raise ValueError(f"the GGUF file {path} left {len(meta)} tensors unset, e.g. {meta[0]}")

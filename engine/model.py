@@ -8,7 +8,7 @@ rejected draft is simply attending fewer positions next time: the stale slots ge
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -166,8 +166,14 @@ class Block(nn.Module):
         self.attention = Attention(args, window)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
+        # Set by loaders whose layer runs whole on the engine's CPU kernels (engine/cpu_kernels/layer.py):
+        # it takes the forwards that attend row by row, in one call.
+        self.native: Any | None = None
 
     def forward(self, x: Tensor, at: Positions, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        # x: [T, dim]; k_cache, v_cache: [1, KVH, max_seq_len, D]
+        if self.native is not None and x.shape[0] <= ROW_ATTENTION_MAX_IDS and x.dtype == torch.float32:
+            return self.native.forward(x, at.cos, at.sin, at.input_pos, k_cache[0], v_cache[0])
         x = x + self.attention(self.attention_norm(x), at, k_cache, v_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 

@@ -1,6 +1,6 @@
 """The engine's own CPU kernels: GGUF K-quant matrices times int8 activations, flat in the number of rows
 (gguf_mm.cpp), and attention over the KV cache row by row, so that a verify's rows equal decoding's bit for
-bit (attention.cpp).
+bit (attention.cpp); a whole decoder layer in one call, for forwards of a few ids (layer.cpp).
 
 `gguf_mm()` builds them once for this CPU (torch's C++ extension loader, ~1 min on
 2 cores, with -march=native: AVX-512 VNNI, AVX-VNNI or AVX2 as the CPU has) into
@@ -18,7 +18,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gguf_mm.cpp", "group32.cpp", "attention.cpp")]
+KERNEL_FILES = ("gguf_mm.cpp", "group32.cpp", "attention.cpp", "layer.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in KERNEL_FILES]
 HEADERS = [Path(__file__).with_name("simd.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 # Builds for an older CPU's instructions on this one, so that every code path is tested where it can run:

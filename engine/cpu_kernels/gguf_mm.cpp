@@ -224,6 +224,10 @@ void tile_simd(const uint8_t* tile, const Rows& x, int r0, int rows, float* y, i
 }
 #endif
 
+}  // namespace
+
+// Below: what other files of the module call (engine/cpu_kernels/layer.cpp), and the module itself.
+
 void check_rows(const torch::Tensor& xq, const torch::Tensor& xs, const torch::Tensor& xsum) {
   TORCH_CHECK(xq.dim() == 2 && xq.scalar_type() == torch::kInt8 && xq.is_contiguous(), "xq: [M, K] int8");
   TORCH_CHECK(xq.size(1) % SUPER == 0, "K must be a multiple of 256, got ", xq.size(1));
@@ -306,8 +310,6 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& blocks, int64_
   return matmul(rows[0], rows[1], rows[2], blocks, n, q6, true);
 }
 
-}  // namespace
-
 // engine/cpu_kernels/group32.cpp
 std::vector<torch::Tensor> quantize_rows32(const torch::Tensor& x);
 torch::Tensor matmul32(const torch::Tensor& xq, const torch::Tensor& xs, const torch::Tensor& xsum,
@@ -317,6 +319,9 @@ torch::Tensor linear32(const torch::Tensor& x, const torch::Tensor& blocks, int6
 // engine/cpu_kernels/attention.cpp
 torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                             const torch::Tensor& positions, int64_t window);
+
+// engine/cpu_kernels/layer.cpp
+void register_layer(py::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &quantize_rows, "x [M, K] -> (xq int8, xs per 256, sums per 16)");
@@ -334,4 +339,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear32", &linear32, "x [M, K] float -> [M, N] float32 (Q4_0 / Q8_0)", py::arg("x"),
         py::arg("blocks"), py::arg("n"), py::arg("bytes"));
   m.def("isa", &cpu_kernels::isa_name, "the vector instructions this build uses");
+  register_layer(m);
 }

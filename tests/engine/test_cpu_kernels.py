@@ -189,3 +189,21 @@ def test_a_matrix_is_packed_once_and_read_back_the_same(tmp_path) -> None:
     assert len(made) == 1 and (again.n, again.k, again.q6) == (32, 512, True)
     assert np.array_equal(again.blocks, first.blocks)
     assert not list(tmp_path.glob("*partial*"))
+
+
+def test_a_projection_of_parts_of_two_types_is_their_products_side_by_side_plus_the_bias() -> None:
+    """What a fused layer's q, k, v (Q4_K and Q6_K in one file) computes: each part's own product, bit for
+    bit, the rows rounded once for both."""
+    k = 512
+    q4 = pack_q4k(random_q4k(32, k, seed=1), 32, k)
+    q6 = pack_q6k(random_q6k(16, k, seed=2), 16, k)
+    parts = [(torch.from_numpy(p.blocks), p.n, p.kind) for p in (q4, q6)]
+    bias = torch.randn(48, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(5))
+    y = gguf_mm().Projection(parts, bias)(x)
+    expected = torch.cat([kernel_product(x, blocks, n, kind) for blocks, n, kind in parts], dim=1) + bias
+    assert torch.equal(y, expected)
+    with pytest.raises(RuntimeError, match="bias"):
+        gguf_mm().Projection(parts, torch.zeros(3))
+    with pytest.raises(RuntimeError, match="Q5_0"):
+        gguf_mm().Projection([(parts[0][0], 32, "Q5_0")])

@@ -15,7 +15,7 @@ from engine.generate import Engine, ModelState
 from engine.ggml import GgmlModel
 from engine.gguf_int4 import draft_head_ids
 from engine.load import load_engine
-from engine.model import Transformer
+from engine.model import Positions, Transformer
 from engine.options import EngineOptions
 from tests.support.bundled import DRAFT, QUESTIONS, TARGET, TINY, greedy_ids, question
 
@@ -120,3 +120,34 @@ def test_without_a_compiler_the_native_backend_serves_on_llama_cpp_s_kernels(mon
     engine = load_engine(TARGET, DRAFT, backend="native", max_seq_len=256, gamma=4, log=said.append)
     assert isinstance(engine.target, GgmlModel) and isinstance(engine.draft, GgmlModel)
     assert any("did not build" in line and "llama.cpp's kernels" in line for line in said)
+
+
+def test_every_layer_of_both_models_runs_whole_on_the_kernels(native: Engine) -> None:
+    for model in (native.target, native.draft):
+        assert isinstance(model, Transformer)
+        assert all(block.native is not None for block in model.blocks)
+
+
+def test_a_fused_layer_computes_what_the_pytorch_layer_does(native: Engine) -> None:
+    """The same layer both ways on the same rows: outputs and written keys and values agree up to the
+    rounding of the element-wise steps (which can move an int8 activation by one step)."""
+    model = native.target
+    assert isinstance(model, Transformer)
+    block = model.blocks[3]
+    prompt = question(native, QUESTIONS[1])
+    x = model.tok_embeddings(torch.tensor(prompt[:6]))  # [6, dim]
+    positions = torch.arange(40, 46)
+    at = Positions(positions, model.rope_cos[positions], model.rope_sin[positions], {})
+    results = []
+    for fused in (True, False):
+        cache = model.new_cache(64)
+        saved, block.native = block.native, (block.native if fused else None)
+        try:
+            results.append((block(x, at, cache.k[3], cache.v[3]), cache.k[3].clone(), cache.v[3].clone()))
+        finally:
+            block.native = saved
+    (y_fused, k_fused, v_fused), (y_torch, k_torch, v_torch) = results
+    scale = y_torch.abs().max().item()
+    torch.testing.assert_close(y_fused, y_torch, rtol=0, atol=0.02 * scale)
+    torch.testing.assert_close(k_fused, k_torch, rtol=0, atol=0.02 * k_torch.abs().max().item())
+    torch.testing.assert_close(v_fused, v_torch, rtol=0, atol=0.02 * v_torch.abs().max().item())
