@@ -178,15 +178,8 @@ class NativeLayer {
     rms_norm(out.data_ptr<float>(), ffn_norm_.data_ptr<float>(), rows, dim_, eps_, normed.data_ptr<float>());
     auto gate_up = w13_(normed);  // [T, 2I]
     const int64_t inner = w13_.n / 2;
-    auto act = torch::empty({rows, inner}, torch::kFloat);
-    const float* gu = gate_up.data_ptr<float>();
-    float* ap = act.data_ptr<float>();
-    for (int64_t t = 0; t < rows; ++t) {
-      for (int64_t i = 0; i < inner; ++i) {
-        const float gate = gu[t * 2 * inner + i], up = gu[t * 2 * inner + inner + i];
-        ap[t * inner + i] = gate / (1.f + std::exp(-gate)) * up;
-      }
-    }
+    // ATen's vectorised SiLU (a scalar exp a value cost ~1.2 ms a step of the 1.5B target's 250k values).
+    auto act = at::silu(gate_up.narrow(1, 0, inner)).mul_(gate_up.narrow(1, inner, inner));  // [T, I]
     auto down = w2_(act);  // [T, dim]
     down.add_(out);
     return down;
