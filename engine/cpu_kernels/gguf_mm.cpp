@@ -290,20 +290,7 @@ std::vector<torch::Tensor> quantize_rows(const torch::Tensor& x_in) {
   float* s = xs.data_ptr<float>();
   int32_t* sums = xsum.data_ptr<int32_t>();
   for (int64_t blk = 0; blk < m_rows * (k / SUPER); ++blk) {
-    const float* v = src + blk * SUPER;
-    float amax = 0.f;
-    for (int i = 0; i < SUPER; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float scale = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
-    s[blk] = scale;
-    for (int h = 0; h < SUPER / 16; ++h) {
-      int32_t total = 0;
-      for (int i = h * 16; i < h * 16 + 16; ++i) {
-        const int value = static_cast<int>(std::nearbyint(v[i] * inverse));
-        q[blk * SUPER + i] = static_cast<int8_t>(std::max(-127, std::min(127, value)));
-        total += q[blk * SUPER + i];
-      }
-      sums[blk * (SUPER / 16) + h] = total;
-    }
+    s[blk] = round_to_int8(src + blk * SUPER, SUPER, 16, q + blk * SUPER, sums + blk * (SUPER / 16));
   }
   return {xq, xs, xsum};
 }

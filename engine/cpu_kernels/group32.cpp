@@ -143,18 +143,7 @@ std::vector<torch::Tensor> quantize_rows32(const torch::Tensor& x_in) {
   float* s = xs.data_ptr<float>();
   int32_t* sums = xsum.data_ptr<int32_t>();
   for (int64_t blk = 0; blk < m_rows * (k / GROUP); ++blk) {
-    const float* v = src + blk * GROUP;
-    float amax = 0.f;
-    for (int i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-    s[blk] = amax / 127.f;
-    int32_t total = 0;
-    for (int i = 0; i < GROUP; ++i) {
-      const int value = static_cast<int>(std::nearbyint(v[i] * inverse));
-      q[blk * GROUP + i] = static_cast<int8_t>(std::max(-127, std::min(127, value)));
-      total += q[blk * GROUP + i];
-    }
-    sums[blk] = total;
+    s[blk] = round_to_int8(src + blk * GROUP, GROUP, GROUP, q + blk * GROUP, sums + blk);
   }
   return {xq, xs, xsum};
 }

@@ -2,6 +2,7 @@
 // AVX2, chosen at compile time by -march), prefetching, and scalar helpers.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,66 @@ inline void prefetch_lines(const uint8_t* from, int lines) {
 #else
   (void)from, (void)lines;
 #endif
+}
+
+// Rounds v[0, n) to int8 at the scale that maps its largest magnitude to 127 (nearest, ties to even: the
+// current rounding mode, as nearbyint), writes the sum of each `width` (16 or 32) of them to sums, returns the
+// scale: the activations' rounding (llama.cpp's Q8_K per 256 values, Q8_0 per 32). The vector forms give the
+// scalar one's values: a max is exact in any order, and each value is multiplied, then rounded, alone.
+inline float round_to_int8(const float* v, int n, int width, int8_t* q, int32_t* sums) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  __m512 top = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+  const float amax = _mm512_reduce_max_ps(top);
+  const __m512 inverse = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int h = 0; h < n / width; ++h) {
+    int32_t total = 0;
+    for (int i = h * width; i < (h + 1) * width; i += 16) {
+      const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), inverse));
+      const __m512i clamped = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(clamped));
+      total += _mm512_reduce_add_epi32(clamped);
+    }
+    sums[h] = total;
+  }
+#elif defined(__AVX2__)
+  __m256 top = _mm256_setzero_ps();
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int i = 0; i < n; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(v + i), magnitude));
+  alignas(32) float tops[8];
+  _mm256_store_ps(tops, top);
+  const float amax = *std::max_element(tops, tops + 8);
+  const __m256 inverse = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  for (int h = 0; h < n / width; ++h) {
+    int32_t total = 0;
+    for (int i = h * width; i < (h + 1) * width; i += 8) {
+      const __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), inverse));
+      alignas(32) int32_t values[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(values), _mm256_min_epi32(_mm256_max_epi32(r, lo), hi));
+      for (int j = 0; j < 8; ++j) {
+        q[i + j] = static_cast<int8_t>(values[j]);
+        total += values[j];
+      }
+    }
+    sums[h] = total;
+  }
+#else
+  float amax = 0.f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+  for (int h = 0; h < n / width; ++h) {
+    int32_t total = 0;
+    for (int i = h * width; i < (h + 1) * width; ++i) {
+      const int value = std::max(-127, std::min(127, static_cast<int>(std::nearbyint(v[i] * inverse))));
+      q[i] = static_cast<int8_t>(value);
+      total += value;
+    }
+    sums[h] = total;
+  }
+#endif
+  return amax / 127.f;
 }
 
 inline int32_t load_i32(const int8_t* p) {
