@@ -35,6 +35,7 @@ PROBE_EVERY = 8
 MAX_PROBE_EVERY = 64
 BEST_ACCEPTANCE = 0.98  # what the most predictable text (a repeated passage) reaches
 EMA_WEIGHT = 0.1  # weight of a new observation in the running means
+PACE_WEIGHT = 0.3  # weight of a block's pace in the running pace (a shared machine's speed moves in seconds)
 PROBE_BUDGET = 0.02  # the most of the blocks' time that probes may cost beyond the plain steps they replace
 
 
@@ -64,6 +65,14 @@ class SpeculationStats:
     # when drafting is in fact slower than plain steps.
     drafted_token_s: RunningMean = field(default_factory=RunningMean)
     calibrated: bool = False
+    # How fast the machine runs now against the table: a block's verify seconds over the table's seconds for
+    # its size. A shared 2-core machine's speed moves by 25-40% within a run, within seconds (AMD EPYC: a
+    # one-id step 19 ms, then 27, then 19 again), and a table of running means in seconds then mixes paces:
+    # sizes not verified for a while keep an old pace, and the drafted blocks' cost, measured at a slow pace,
+    # would stop drafting for good once plain steps ran at a fast one. So the table, the draft step and the
+    # drafted blocks' cost are kept at the table's pace (seconds / pace), comparable whenever measured;
+    # `verify_s` and `draft_step_s` give seconds at the pace now.
+    pace: float = 1.0
     # The probe budget: seconds of every block recorded (catch-ups included), seconds the probes cost
     # beyond a plain step per token they committed, and a draft catch-up's seconds an id (measured).
     run_s: float = 0.0
@@ -77,6 +86,7 @@ class SpeculationStats:
             self.verify[n_rows] = RunningMean(seconds)
         if draft_step_s is not None:
             self.draft_step = RunningMean(draft_step_s)
+        self.pace = 1.0
         self.calibrated = True
 
     def record(
@@ -93,6 +103,7 @@ class SpeculationStats:
         """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id), after
         the draft caught up on `n_caught_up` committed ids in `catch_up_s` (not part of `draft_s`)."""
         rows = n_drafted + 1 if n_rows is None else n_rows
+        self._follow_pace(rows, verify_s)
         spent = catch_up_s + draft_s + verify_s
         self.run_s += spent
         if n_caught_up:
@@ -103,18 +114,37 @@ class SpeculationStats:
         self.probing = False
         if n_drafted:
             if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
-                self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1))
-            self.draft_step.add(draft_s / n_drafted)
+                self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1) / self.pace)
+            self.draft_step.add(draft_s / n_drafted / self.pace)
             # Per-token acceptance over the tokens that had a chance (none after the first rejection).
             self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
-        self.verify.setdefault(rows, RunningMean()).add(verify_s)
+        self.verify.setdefault(rows, RunningMean()).add(verify_s / self.pace)
+
+    def _follow_pace(self, rows: int, verify_s: float) -> None:
+        """Moves the pace toward this verify's seconds over the table's, for a size within the calibrated
+        ones (not a first block's prompt tail, which the table only extrapolates to)."""
+        measured = self._measured()
+        expected = self.table_s(rows)
+        if expected is None or rows > measured[-1][0]:
+            return
+        self.pace = (1 - PACE_WEIGHT) * self.pace + PACE_WEIGHT * verify_s / expected
 
     def _measured(self) -> list[tuple[int, float]]:
         return sorted((n, mean.value) for n, mean in self.verify.items() if mean.value is not None)
 
     def verify_s(self, n_rows: int) -> float | None:
-        """Seconds of a target forward of `n_rows` ids: measured, else interpolated between the nearest
-        sizes measured (extrapolated from the two nearest past either end; flat from a single size)."""
+        """Seconds of a target forward of `n_rows` ids at the pace now: measured, else interpolated between
+        the nearest sizes measured (extrapolated from the two nearest past either end; flat from a single
+        size)."""
+        seconds = self.table_s(n_rows)
+        return None if seconds is None else seconds * self.pace
+
+    def draft_step_s(self) -> float | None:
+        """Seconds of one draft step at the pace now."""
+        return None if self.draft_step.value is None else self.draft_step.value * self.pace
+
+    def table_s(self, n_rows: int) -> float | None:
+        """`verify_s` at the table's pace."""
         measured = self._measured()
         if not measured:
             return None
@@ -194,7 +224,7 @@ class DraftLength:
         """Would the probes so far and this one cost at most PROBE_BUDGET of the blocks' time? This one
         may cost its catch-up, a draft step and the verify's extra row (all rejected)."""
         stats = self.stats
-        draft_step = stats.draft_step.value or 0.0
+        draft_step = stats.draft_step_s() or 0.0
         per_id = stats.catch_up_id_s.value if stats.catch_up_id_s.value is not None else draft_step
         expected = catch_up_ids * per_id + draft_step + self._extra_verify_s(1, 2)
         return stats.probe_overhead_s + expected <= PROBE_BUDGET * stats.run_s
@@ -205,11 +235,11 @@ class DraftLength:
 
     def _drafting_measured_slower(self) -> bool:
         """Did the blocks that drafted commit their tokens more slowly than plain steps would have?"""
-        drafted, plain = self.stats.drafted_token_s.value, self.stats.target_step_s()
+        drafted, plain = self.stats.drafted_token_s.value, self.stats.table_s(1)  # both at the table's pace
         return drafted is not None and plain is not None and drafted > plain
 
     def _costs(self) -> tuple[float, float, float] | None:
-        target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step.value
+        target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step_s()
         if target_step is None or draft_step is None:
             return None
         acceptance = self.stats.acceptance.value if self.stats.acceptance.value is not None else 0.7

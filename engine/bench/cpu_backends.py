@@ -66,7 +66,7 @@ def probe_figures(speculation: SpeculationStats) -> dict[str, float]:
     return {
         "blocks_s": speculation.run_s,
         "probe_overhead_s": speculation.probe_overhead_s,
-        "draft_step_ms": 1e3 * (speculation.draft_step.value or 0.0),
+        "draft_step_ms": 1e3 * (speculation.draft_step_s() or 0.0),
         "catch_up_ms_an_id": 1e3 * (speculation.catch_up_id_s.value or 0.0),
     }
 

@@ -111,9 +111,30 @@ def test_the_verify_cost_table_is_interpolated_by_size() -> None:
     assert abs((stats.verify_s(12) or 0) - 0.490) < 1e-9  # past the largest: the last slope
     stats.record(0, 0, 0.0, 0.070)  # a plain block measured slower than calibrated moves the estimate
     assert 0.060 < (stats.target_step_s() or 0) < 0.070
+    pace = stats.pace  # ... as the machine's pace: every size's seconds with it
+    assert pace > 1 and abs((stats.verify_s(3) or 0) - 0.150 * pace) < 1e-9
     stats.record(2, 1, 0.05, 0.400, n_rows=66)  # a first block with a 64-id prompt tail: its own size
-    assert stats.verify_s(3) == 0.150
+    assert stats.pace == pace and abs((stats.verify_s(3) or 0) - 0.150 * pace) < 1e-9
     assert stats.drafted_token_s.value is None  # nor is its prefill counted as what drafting costs
+
+
+def test_costs_measured_at_another_pace_of_the_machine_stay_comparable() -> None:
+    """Drafting paid while the machine ran slow (steps 100 ms); then it runs 30% faster. Costs kept in
+    seconds would compare the drafted blocks' slow seconds with the fast steps and stop drafting for good
+    (what a shared AMD EPYC did: steps 27 ms, then 19)."""
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.100, 2: 0.105, 3: 0.110, 5: 0.125, 9: 0.200}, draft_step_s=0.010)
+    length = DraftLength.parse("auto", stats)
+    for _ in range(20):  # at the calibrated pace: 4 drafted, 3 accepted, 0.165 s for 4 tokens (0.041 each)
+        stats.record(4, 3, 0.040, 0.125)
+    assert length.should_draft(0, 1.0, limit=20)
+    for _ in range(20):  # plain steps at 70 ms: the machine got faster
+        stats.record(0, 0, 0.0, 0.070)
+    assert stats.pace < 0.8 and abs((stats.target_step_s() or 0) - 0.070) < 0.002
+    assert length.should_draft(0, 1.0, limit=20)
+    assert (stats.draft_step_s() or 0) < 0.008  # the draft's step follows the same pace
+    five = (stats.verify_s(5) or 0) / (stats.verify_s(1) or 1)  # the sizes keep their proportions
+    assert 1.25 <= five < 1.4
 
 
 def test_auto_is_exact_and_adapts_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
