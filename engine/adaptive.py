@@ -22,8 +22,10 @@ probes so far and its own expected cost (the catch-up at the draft's measured se
 and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks have run: where drafting never
 pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a 38 ms
 step) probes then cost at most that share, instead of 2-9% of a run of 64-token replies (20% of one). The
-model is checked against what the drafting blocks really cost per committed token: when that is more than
-a plain step, blocks are plain (with probes) until it is not.
+model is checked against what the drafting blocks of this generation really cost per committed token: when
+that is more than a plain step, its blocks are plain (with probes) until it is not. That check is a
+generation's own (the next reply starts from the shared costs and acceptance only): text that is hard to
+predict (a chat answer) must not keep the next reply (code, a list) from drafting until a probe happens by.
 """
 
 from __future__ import annotations
@@ -60,10 +62,6 @@ class SpeculationStats:
     acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7))
     skipped: int = 0  # plain blocks since the last probe
     probe_every: int = PROBE_EVERY  # plain blocks between probes (doubles while probes find no gain)
-    # Seconds per committed token of the blocks that drafted, as they ran: the check on the cost model
-    # (a table timed at load on another context length, an acceptance that drifts) that stops drafting
-    # when drafting is in fact slower than plain steps.
-    drafted_token_s: RunningMean = field(default_factory=RunningMean)
     calibrated: bool = False
     # How fast the machine runs now against the table: a block's verify seconds over the table's seconds for
     # its size. A shared 2-core machine's speed moves by 25-40% within a run, within seconds (AMD EPYC: a
@@ -99,9 +97,12 @@ class SpeculationStats:
         *,
         catch_up_s: float = 0.0,
         n_caught_up: int = 0,
-    ) -> None:
+    ) -> float | None:
         """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id), after
-        the draft caught up on `n_caught_up` committed ids in `catch_up_s` (not part of `draft_s`)."""
+        the draft caught up on `n_caught_up` committed ids in `catch_up_s` (not part of `draft_s`).
+
+        Returns what a drafting block cost per committed token, at the table's pace (None for a plain
+        block, and for a first block, whose verify also prefilled the prompt's tail)."""
         rows = n_drafted + 1 if n_rows is None else n_rows
         self._follow_pace(rows, verify_s)
         spent = catch_up_s + draft_s + verify_s
@@ -112,13 +113,15 @@ class SpeculationStats:
             step = self.target_step_s() or verify_s
             self.probe_overhead_s += max(0.0, spent - (n_accepted + 1) * step)
         self.probing = False
+        drafted_token_s = None
         if n_drafted:
             if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
-                self.drafted_token_s.add((draft_s + verify_s) / (n_accepted + 1) / self.pace)
+                drafted_token_s = (draft_s + verify_s) / (n_accepted + 1) / self.pace
             self.draft_step.add(draft_s / n_drafted / self.pace)
             # Per-token acceptance over the tokens that had a chance (none after the first rejection).
             self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
         self.verify.setdefault(rows, RunningMean()).add(verify_s / self.pace)
+        return drafted_token_s
 
     def _follow_pace(self, rows: int, verify_s: float) -> None:
         """Moves the pace toward this verify's seconds over the table's, for a size within the calibrated
@@ -178,6 +181,10 @@ class DraftLength:
     max_gamma: int
     stats: SpeculationStats
     adaptive: bool = False
+    # Seconds per committed token of this generation's blocks that drafted (at the table's pace): the check
+    # on the cost model (a table timed at load on another context length, an acceptance that drifts) that
+    # stops drafting when drafting is in fact slower than plain steps.
+    drafted_token_s: RunningMean = field(default_factory=RunningMean)
 
     @classmethod
     def parse(cls, gamma: int | str, stats: SpeculationStats) -> DraftLength:
@@ -186,6 +193,25 @@ class DraftLength:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
         return cls(gamma, stats)
+
+    def record(
+        self,
+        n_drafted: int,
+        n_accepted: int,
+        draft_s: float,
+        verify_s: float,
+        n_rows: int | None = None,
+        *,
+        catch_up_s: float = 0.0,
+        n_caught_up: int = 0,
+    ) -> None:
+        """A block of this generation: into the shared stats (`SpeculationStats.record`), and its cost per
+        committed token into this generation's check."""
+        cost = self.stats.record(
+            n_drafted, n_accepted, draft_s, verify_s, n_rows, catch_up_s=catch_up_s, n_caught_up=n_caught_up
+        )
+        if cost is not None:
+            self.drafted_token_s.add(cost)
 
     def may_draft(self) -> bool:
         """Will the next block draft? False for gamma 0, and for "auto" while blocks are plain steps (the
@@ -235,7 +261,7 @@ class DraftLength:
 
     def _drafting_measured_slower(self) -> bool:
         """Did the blocks that drafted commit their tokens more slowly than plain steps would have?"""
-        drafted, plain = self.stats.drafted_token_s.value, self.stats.table_s(1)  # both at the table's pace
+        drafted, plain = self.drafted_token_s.value, self.stats.table_s(1)  # both at the table's pace
         return drafted is not None and plain is not None and drafted > plain
 
     def _costs(self) -> tuple[float, float, float] | None:

@@ -143,7 +143,7 @@ class Generation:
             self.engine.speculation.record(0, 0, 0.0, verify_s, n_rows)
             return
         self.stats.record_block(gamma, n_accepted, n_committed, draft_s, verify_s)
-        self.engine.speculation.record(
+        self.draft_length.record(
             gamma,
             n_accepted,
             drafting_s,

@@ -98,10 +98,12 @@ def test_auto_stops_drafting_when_drafted_blocks_ran_slower_than_plain_steps() -
     length = DraftLength.parse("auto", stats_with(0.010, 0.100, 0.8))
     assert length.should_draft(0, 1.0, limit=20)  # the cost model says drafting pays
     for _ in range(30):  # ... but blocks of 4 drafts committed 1 token in 0.2 s: twice a plain step
-        length.stats.record(4, 0, 0.05, 0.150)
-        length.stats.record(0, 0, 0.0, 0.100)
+        length.record(4, 0, 0.05, 0.150)
+        length.record(0, 0, 0.0, 0.100)
     length.stats.acceptance.value = 0.8
     assert not length.should_draft(0, 1.0, limit=20)
+    # That check is the generation's own: the next reply starts from the shared costs and acceptance.
+    assert DraftLength.parse("auto", length.stats).should_draft(0, 1.0, limit=20)
 
 
 def test_the_verify_cost_table_is_interpolated_by_size() -> None:
@@ -113,9 +115,9 @@ def test_the_verify_cost_table_is_interpolated_by_size() -> None:
     assert 0.060 < (stats.target_step_s() or 0) < 0.070
     pace = stats.pace  # ... as the machine's pace: every size's seconds with it
     assert pace > 1 and abs((stats.verify_s(3) or 0) - 0.150 * pace) < 1e-9
-    stats.record(2, 1, 0.05, 0.400, n_rows=66)  # a first block with a 64-id prompt tail: its own size
+    cost = stats.record(2, 1, 0.05, 0.400, n_rows=66)  # a first block with a 64-id prompt tail: its own size
     assert stats.pace == pace and abs((stats.verify_s(3) or 0) - 0.150 * pace) < 1e-9
-    assert stats.drafted_token_s.value is None  # nor is its prefill counted as what drafting costs
+    assert cost is None  # nor is its prefill counted as what drafting costs
 
 
 def test_costs_measured_at_another_pace_of_the_machine_stay_comparable() -> None:
@@ -126,7 +128,7 @@ def test_costs_measured_at_another_pace_of_the_machine_stay_comparable() -> None
     stats.calibrate({1: 0.100, 2: 0.105, 3: 0.110, 5: 0.125, 9: 0.200}, draft_step_s=0.010)
     length = DraftLength.parse("auto", stats)
     for _ in range(20):  # at the calibrated pace: 4 drafted, 3 accepted, 0.165 s for 4 tokens (0.041 each)
-        stats.record(4, 3, 0.040, 0.125)
+        length.record(4, 3, 0.040, 0.125)
     assert length.should_draft(0, 1.0, limit=20)
     for _ in range(20):  # plain steps at 70 ms: the machine got faster
         stats.record(0, 0, 0.0, 0.070)
