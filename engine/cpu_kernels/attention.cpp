@@ -13,6 +13,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline float dot(const float* a, const float* b, int n) {
@@ -22,11 +26,83 @@ inline float dot(const float* a, const float* b, int n) {
   return total;
 }
 
+// exp(x - shift) for x <= shift, as Cephes' expf: x - shift = n ln2 + r, |r| <= ln2 / 2, a degree-7
+// polynomial for e^r, times 2^n. Relative error ~1e-7 (std::exp's order). One formula for every lane and for
+// the scalar tail (explicit fused multiply-adds), so a score's weight depends on its value alone.
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f, kLowest = -87.3f;
+
+inline float exp_shifted(float x, float shift) {
+  const float v = std::max(x - shift, kLowest);
+  const float n = std::nearbyint(v * kLog2e);
+  const float r = std::fma(n, -kLn2Lo, std::fma(n, -kLn2Hi, v));
+  float p = std::fma(kP0, r, kP1);
+  p = std::fma(p, r, kP2);
+  p = std::fma(p, r, kP3);
+  p = std::fma(p, r, kP4);
+  p = std::fma(p, r, kP5);
+  p = std::fma(p, r * r, r + 1.f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+// x[i] = exp(x[i] - shift) for i < n; returns their sum (in index order of 16-lane partial sums).
+inline float exp_all(float* x, int64_t n, float shift) {
+  int64_t i = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
+  const __m512 s = _mm512_set1_ps(shift), lowest = _mm512_set1_ps(kLowest), log2e = _mm512_set1_ps(kLog2e);
+  __m512 sums = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), s), lowest);
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-kLn2Lo), _mm512_fmadd_ps(k, _mm512_set1_ps(-kLn2Hi), v));
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(kP0), r, _mm512_set1_ps(kP1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    const __m512 e = _mm512_scalef_ps(p, k);
+    _mm512_storeu_ps(x + i, e);
+    sums = _mm512_add_ps(sums, e);
+  }
+  total = _mm512_reduce_add_ps(sums);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 s = _mm256_set1_ps(shift), lowest = _mm256_set1_ps(kLowest), log2e = _mm256_set1_ps(kLog2e);
+  __m256 sums = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s), lowest);
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Lo), _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Hi), v));
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kP0), r, _mm256_set1_ps(kP1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));  // k >= -126: 2^k is a normal float
+    _mm256_storeu_ps(x + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sums);
+  for (float lane : lanes) total += lane;
+#endif
+  for (; i < n; ++i) {
+    x[i] = exp_shifted(x[i], shift);
+    total += x[i];
+  }
+  return total;
+}
+
 }  // namespace
 
 // q [T, H, D]; k_cache, v_cache [KVH, S_max, D] (one layer, contiguous); positions [T] int64 (the queries'
 // absolute positions; query t attends keys max(0, p_t - window + 1) .. p_t; window <= 0: no window).
-// Returns [T, H, D] float32.
+// Returns [T, H, D] float32. One job is a query row and a key/value head with the query heads that share
+// it (grouped-query attention): each key and value is read once for all of them.
 torch::Tensor row_attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                             const torch::Tensor& positions, int64_t window) {
   TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
@@ -48,32 +124,36 @@ torch::Tensor row_attention(const torch::Tensor& q_in, const torch::Tensor& k_ca
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  at::parallel_for(0, n_q * n_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  at::parallel_for(0, n_q * n_kv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, totals(group);
     for (int64_t job = begin; job < end; ++job) {
-      const int64_t t = job / n_heads, h = job % n_heads, kv = h / group;
+      const int64_t t = job / n_kv, kv = job % n_kv;
       const int64_t last = p[t], first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
-      const float* query = qp + (t * n_heads + h) * d;
+      const int64_t span = last - first + 1;
+      const float* queries = qp + (t * n_heads + kv * group) * d;  // [group, D]
       const float* keys = kp + kv * s_max * d;
       const float* values = vp + kv * s_max * d;
-      scores.resize(last - first + 1);
-      float top = -std::numeric_limits<float>::infinity();
+      scores.resize(group * span);  // [group, span]
       for (int64_t s = first; s <= last; ++s) {
-        scores[s - first] = dot(query, keys + s * d, static_cast<int>(d)) * scale;
-        top = std::max(top, scores[s - first]);
+        for (int64_t g = 0; g < group; ++g) {
+          scores[g * span + s - first] = dot(queries + g * d, keys + s * d, static_cast<int>(d)) * scale;
+        }
       }
-      float total = 0.f;
-      for (auto& score : scores) {
-        score = std::exp(score - top);
-        total += score;
+      for (int64_t g = 0; g < group; ++g) {
+        float* row = scores.data() + g * span;
+        const float top = *std::max_element(row, row + span);
+        totals[g] = exp_all(row, span, top);
       }
-      float* row = op + (t * n_heads + h) * d;
-      std::fill(row, row + d, 0.f);
+      float* rows = op + (t * n_heads + kv * group) * d;  // [group, D]
+      std::fill(rows, rows + group * d, 0.f);
       for (int64_t s = first; s <= last; ++s) {
-        const float weight = scores[s - first] / total;
         const float* value = values + s * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const float weight = scores[g * span + s - first] / totals[g];
+          float* row = rows + g * d;
 #pragma omp simd
-        for (int64_t i = 0; i < d; ++i) row[i] += weight * value[i];
+          for (int64_t i = 0; i < d; ++i) row[i] += weight * value[i];
+        }
       }
     }
   });

@@ -207,3 +207,35 @@ def test_a_projection_of_parts_of_two_types_is_their_products_side_by_side_plus_
         gguf_mm().Projection(parts, torch.zeros(3))
     with pytest.raises(RuntimeError, match="Q5_0"):
         gguf_mm().Projection([(parts[0][0], 32, "Q5_0")])
+
+
+ATTENTION_VARIANTS = ["native"] + (["avx2", "scalar"] if platform.machine() == "x86_64" else [])
+
+
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+@pytest.mark.parametrize(
+    ("n_q", "n_heads", "n_kv", "d", "s", "window"),
+    [(1, 12, 2, 128, 100, 0), (5, 14, 2, 64, 300, 0), (3, 4, 4, 32, 50, 7)],
+)
+def test_row_attention_is_softmax_attention_and_a_row_s_output_is_its_own(
+    variant: str, n_q: int, n_heads: int, n_kv: int, d: int, s: int, window: int
+) -> None:
+    """Grouped-query heads (the 1.5B's 12 over 2, the 0.5B's 14 over 2), a sliding window: within float
+    rounding of a float64 softmax, and each query row alone gives its output bit for bit."""
+    g = torch.Generator().manual_seed(n_q)
+    q = torch.randn(n_q, n_heads, d, generator=g)
+    k, v = torch.randn(n_kv, s, d, generator=g) * 2, torch.randn(n_kv, s, d, generator=g)
+    positions = torch.arange(s - n_q, s)
+    out = gguf_mm(variant).row_attention(q, k, v, positions, window)
+    for t in range(n_q):
+        last = int(positions[t])
+        first = max(0, last - window + 1) if window > 0 else 0
+        for h in range(n_heads):
+            kv = h // (n_heads // n_kv)
+            weights = (k[kv, first : last + 1].double() @ q[t, h].double() / d**0.5).softmax(0)
+            expected = weights @ v[kv, first : last + 1].double()
+            torch.testing.assert_close(out[t, h].double(), expected, rtol=0, atol=1e-5)
+    alone = torch.cat(
+        [gguf_mm(variant).row_attention(q[i : i + 1], k, v, positions[i : i + 1], window) for i in range(n_q)]
+    )
+    assert torch.equal(alone, out)
