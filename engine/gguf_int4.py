@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, ReaderTensor
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 from torch import Tensor, nn
 
 from engine.bundled import BUNDLED
@@ -315,8 +315,8 @@ def head_name(tensors: GgufTensors) -> str:
 def prepare_packed(name_or_path: str, log: Log = log_to_stderr, *, draft: bool = False) -> int:
     """Builds the engine's CPU kernels and rearranges a GGUF's Q4_K, Q6_K, Q4_0 and Q8_0 matrices for
     them into the pack cache, so that the first load of the native backend neither compiles nor packs
-    (`make setup` runs it); idempotent. A draft's whole head is left out: it loads a subset head (packed
-    on its first load, ~1 s). Returns how many matrices it packed now."""
+    (`make setup` runs it); idempotent. A draft's whole head is left out: it loads a subset head (packed,
+    and rounded to 4 bits, on its first load: ~3 s). Returns how many matrices it packed now."""
     gguf_mm()
     tensors = GgufTensors(gguf_file_of(name_or_path, log))
     if tensors.architecture not in GGUF_INT4_ARCHITECTURES:
@@ -355,9 +355,21 @@ def subset_draft_head(tensors: GgufTensors, vocab_size: int, first_special: int)
     vocab, k = tensors.matrix_shape(name)
     ids = draft_head_ids(vocab, min(DRAFT_HEAD_IDS, first_special), first_special)
     raw = np.asarray(tensors.tensor(name).data)[ids]  # [S, bytes a row]
-    pack = PACKERS[tensors.tensor(name).tensor_type]
-    packed = tensors.pack_cache.get(f"{name}.subset-{len(ids)}", lambda: pack(raw, len(ids), k))
+    kind = tensors.tensor(name).tensor_type
+    if kind == GGMLQuantizationType.Q8_0:
+        packed = tensors.pack_cache.get(f"{name}.subset-{len(ids)}-q4_0", lambda: _head_in_4_bits(raw, k))
+    else:
+        packed = tensors.pack_cache.get(f"{name}.subset-{len(ids)}", lambda: PACKERS[kind](raw, len(ids), k))
     return SubsetHead(GgufKernelLinear(packed), torch.from_numpy(ids), vocab_size)
+
+
+def _head_in_4_bits(q8_0_rows: np.ndarray, k: int) -> PackedMatrix:
+    """A draft's Q8_0 head rows rounded again to Q4_0 (~3 s once, then cached): its body is 4-bit already
+    (engine/ggml_draft.py), and the head is 18% of what a draft step reads. Measured on the bundled pair
+    (8 bench prompts, AMD EPYC Zen 5): draft step 5.44 -> 5.08 ms, the draft's top-1 agreement with the
+    target's greedy tokens 0.795 -> 0.788. The target still decides every token."""
+    values = np.asarray(dequantize(q8_0_rows, GGMLQuantizationType.Q8_0), dtype=np.float32)
+    return pack_q4_0(quantize(values, GGMLQuantizationType.Q4_0), q8_0_rows.shape[0], k)
 
 
 def load_native_draft(

@@ -48,6 +48,7 @@ def test_the_draft_runs_on_the_kernels_with_a_head_over_the_frequent_ids(native:
     end_of_turn = native.tokenizer.convert_tokens_to_ids("<|im_end|>")
     kept = set(draft.output.ids.tolist())
     assert end_of_turn in kept and 0 in kept and len(kept) < draft.args.vocab_size // 2
+    assert draft.output.head.kind == "Q4_0"  # the file's Q8_0 head rounded to 4 bits, as its body
     state = ModelState(draft, draft.new_cache(64))
     logits = state.feed(question(native, "Name three colours."), 0, "last")
     assert logits is not None and logits.shape == (1, draft.args.vocab_size)
