@@ -13,7 +13,7 @@ import torch
 from engine.cpu_kernels.linear import GgufKernelLinear, SubsetHead
 from engine.generate import Engine, ModelState
 from engine.ggml import GgmlModel
-from engine.gguf_int4 import draft_head_ids
+from engine.gguf_int4 import GgufEmbedding, draft_head_ids
 from engine.load import load_engine
 from engine.model import Positions, Transformer
 from engine.options import EngineOptions
@@ -152,3 +152,16 @@ def test_a_fused_layer_computes_what_the_pytorch_layer_does(native: Engine) -> N
     torch.testing.assert_close(y_fused, y_torch, rtol=0, atol=0.02 * scale)
     torch.testing.assert_close(k_fused, k_torch, rtol=0, atol=0.02 * k_torch.abs().max().item())
     torch.testing.assert_close(v_fused, v_torch, rtol=0, atol=0.02 * v_torch.abs().max().item())
+
+
+def test_one_id_embeddings_come_from_a_cache_of_the_same_values(native: Engine) -> None:
+    embedding = native.target.tok_embeddings
+    assert isinstance(embedding, GgufEmbedding)
+    ids = torch.tensor([11, 500, 11, 70000])
+    together = embedding(ids)  # [4, dim], dequantised in one call
+    for i, token in enumerate(ids.tolist()):
+        for _ in range(2):  # a miss, then a hit
+            assert torch.equal(embedding(torch.tensor([token]))[0], together[i])
+    row = embedding(torch.tensor([500]))
+    row.zero_()  # a caller's change does not reach the cache
+    assert torch.equal(embedding(torch.tensor([500]))[0], together[1])
