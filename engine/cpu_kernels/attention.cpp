@@ -13,11 +13,11 @@
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
+
+using namespace cpu_kernels;
 
 inline float dot(const float* a, const float* b, int n) {
   float total = 0.f;
@@ -46,77 +46,29 @@ inline float exp_shifted(float x, float shift) {
   return std::ldexp(p, static_cast<int>(n));
 }
 
-// The float vector operations exp_all needs, for the widest vectors this build has.
-#if defined(__AVX512F__)
-struct Floats {
-  static constexpr int L = 16;
-  using V = __m512;
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V set1(float v) { return _mm512_set1_ps(v); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static V times_pow2(V p, V k) { return _mm512_scalef_ps(p, k); }  // p * 2^k
-  static float sum(V a) { return _mm512_reduce_add_ps(a); }
-};
-#define ATTENTION_SIMD 1
-#elif defined(__AVX2__) && defined(__FMA__)
-struct Floats {
-  static constexpr int L = 8;
-  using V = __m256;
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V set1(float v) { return _mm256_set1_ps(v); }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static V max(V a, V b) { return _mm256_max_ps(a, b); }
-  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static V times_pow2(V p, V k) {  // k >= -126 here (exp_shifted's floor): 2^k is a normal float
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-  }
-  static float sum(V a) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, a);
-    float total = 0.f;
-    for (float lane : lanes) total += lane;
-    return total;
-  }
-};
-#define ATTENTION_SIMD 1
-#endif
-
-// x[i] = exp(x[i] - shift) for i < n (exp_shifted's formula, a vector of them at a time); returns their sum.
+// x[i] = exp(x[i] - shift) for i < n (exp_shifted's formula, a vector of them at a time, with the
+// float operations of simd.h's Isa); returns their sum.
 inline float exp_all(float* x, int64_t n, float shift) {
   int64_t i = 0;
   float total = 0.f;
-#ifdef ATTENTION_SIMD
-  using F = Floats;
-  const F::V s = F::set1(shift), lowest = F::set1(kLowest), log2e = F::set1(kLog2e);
-  F::V sums = F::zero();
-  for (; i + F::L <= n; i += F::L) {
-    const F::V v = F::max(F::sub(F::load(x + i), s), lowest);
-    const F::V k = F::round(F::mul(v, log2e));
-    const F::V r = F::fmadd(k, F::set1(-kLn2Lo), F::fmadd(k, F::set1(-kLn2Hi), v));
-    F::V p = F::fmadd(F::set1(kP0), r, F::set1(kP1));
-    p = F::fmadd(p, r, F::set1(kP2));
-    p = F::fmadd(p, r, F::set1(kP3));
-    p = F::fmadd(p, r, F::set1(kP4));
-    p = F::fmadd(p, r, F::set1(kP5));
-    p = F::fmadd(p, F::mul(r, r), F::add(r, F::set1(1.f)));
-    const F::V e = F::times_pow2(p, k);
-    F::store(x + i, e);
-    sums = F::add(sums, e);
+#ifdef GGUF_MM_SIMD
+  const F s = Isa::fset1(shift), lowest = Isa::fset1(kLowest), log2e = Isa::fset1(kLog2e);
+  F sums = Isa::fzero();
+  for (; i + Isa::L <= n; i += Isa::L) {
+    const F v = Isa::fmax(Isa::fsub(Isa::fload(x + i), s), lowest);
+    const F k = Isa::fround(Isa::mul(v, log2e));
+    const F r = Isa::fmadd(k, Isa::fset1(-kLn2Lo), Isa::fmadd(k, Isa::fset1(-kLn2Hi), v));
+    F p = Isa::fmadd(Isa::fset1(kP0), r, Isa::fset1(kP1));
+    p = Isa::fmadd(p, r, Isa::fset1(kP2));
+    p = Isa::fmadd(p, r, Isa::fset1(kP3));
+    p = Isa::fmadd(p, r, Isa::fset1(kP4));
+    p = Isa::fmadd(p, r, Isa::fset1(kP5));
+    p = Isa::fmadd(p, Isa::mul(r, r), Isa::fadd(r, Isa::fset1(1.f)));
+    const F e = Isa::times_pow2(p, k);
+    Isa::store(x + i, e);
+    sums = Isa::fadd(sums, e);
   }
-  total = F::sum(sums);
+  total = Isa::fsum(sums);
 #endif
   for (; i < n; ++i) {
     x[i] = exp_shifted(x[i], shift);

@@ -33,10 +33,6 @@ constexpr int SUPER = 256;       // inputs per super-block
 constexpr int Q4_BLOCK = 2368;   // bytes per Q4_K (tile, super-block)
 constexpr int Q6_BLOCK = 3360;   // bytes per Q6_K (tile, super-block)
 constexpr int MAX_ROWS = 8;      // rows that share one unpacking
-#ifndef GGUF_MM_PREFETCH_BLOCKS
-#define GGUF_MM_PREFETCH_BLOCKS 2
-#endif
-constexpr int PREFETCH_BLOCKS = GGUF_MM_PREFETCH_BLOCKS;  // how far ahead the weights are asked for (the tiles are contiguous)
 struct Rows {
   const int8_t* xq;      // [M, K]
   const float* xs;       // [M, K / 256]

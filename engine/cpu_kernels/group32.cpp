@@ -25,10 +25,7 @@ constexpr int GROUP = 32;
 constexpr int Q4_0_BLOCK = 288;
 constexpr int Q8_0_BLOCK = 544;
 constexpr int MAX_ROWS = 8;
-#ifndef GGUF_MM_PREFETCH_BLOCKS
-#define GGUF_MM_PREFETCH_BLOCKS 2
-#endif
-constexpr int PREFETCH_BYTES = 2048 * GGUF_MM_PREFETCH_BLOCKS;  // ~2 K-quant blocks: how far ahead the weights are asked for
+constexpr int PREFETCH_BYTES = 2048 * PREFETCH_BLOCKS;  // how far ahead the weights are asked for
 
 struct Rows32 {
   const int8_t* xq;     // [M, K]

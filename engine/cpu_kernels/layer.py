@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 def projection(layer: nn.Module) -> Any | None:
     """The kernels' Projection for a GgufKernelLinear, or for a ConcatLinear of them; None where any part is
     held another way (dense, int4): that layer stays on the PyTorch path."""
-    parts = list(getattr(layer, "parts", [layer]))
-    if not all(isinstance(part, GgufKernelLinear) and part.bias is None for part in parts[1:]):
+    parts = list(getattr(layer, "parts", [layer]))  # a ConcatLinear's, or the layer itself
+    if not all(isinstance(part, GgufKernelLinear) for part in parts):
         return None
-    if not isinstance(parts[0], GgufKernelLinear) or (len(parts) > 1 and parts[0].bias is not None):
-        return None
+    if len(parts) > 1 and any(part.bias is not None for part in parts):
+        return None  # the bias of a ConcatLinear is its own, not its parts'
     bias = getattr(layer, "bias", None)
     packed = [(part.blocks, part.out_features, part.kind) for part in parts]
     return gguf_mm().Projection(packed, None if bias is None else bias.detach())

@@ -14,6 +14,8 @@
 
 namespace cpu_kernels {
 
+constexpr int PREFETCH_BLOCKS = 2;  // how far ahead (in ~2 KB K-quant blocks) the kernels ask for weights
+
 // Asks for `lines` cache lines from `from` on: the kernels ask for the weights a little ahead of the ones
 // they multiply, spread over a block's loop, so that streaming them overlaps the dot products of the rows.
 inline void prefetch_lines(const uint8_t* from, int lines) {
@@ -150,6 +152,13 @@ struct Isa {
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fmsub(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F fload(const float* p) { return _mm512_loadu_ps(p); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fmax(F a, F b) { return _mm512_max_ps(a, b); }
+  static F fround(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F times_pow2(F p, F k) { return _mm512_scalef_ps(p, k); }  // p * 2^k, k integral
+  static float fsum(F a) { return _mm512_reduce_add_ps(a); }
 };
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define GGUF_MM_SIMD 1
@@ -196,6 +205,22 @@ struct Isa {
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fmsub(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F fload(const float* p) { return _mm256_loadu_ps(p); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fmax(F a, F b) { return _mm256_max_ps(a, b); }
+  static F fround(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F times_pow2(F p, F k) {  // p * 2^k, k integral and >= -126 (2^k a normal float)
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  }
+  static float fsum(F a) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, a);
+    float total = 0.f;
+    for (float lane : lanes) total += lane;
+    return total;
+  }
 };
 #endif
 
