@@ -5,14 +5,19 @@ played), the reply is *held*: its output events stop at the session's event stre
 then plays out at most what it already has: the gateway keeps <= 100 ms ahead), while the LLM and TTS go
 on making it. What the user turns out to have said decides:
 
-- a partial or final transcript with real words: the reply is interrupted as before (its queued audio is
-  dropped, the history keeps the words heard up to the pause) and the user's words are answered;
+- real words: the reply is interrupted as before (its queued audio is dropped, the history keeps the words
+  heard up to the pause) and the user's words are answered. A partial decides only when it holds more
+  words than a backchannel (over `MAX_BACKCHANNEL_WORDS`) or a word that asks the agent to stop ("stop",
+  "wait", "no", ...): a recogniser that has heard half a second of a hum misreads it as short words ("in a
+  map", "And and", "Out" for Piper's and espeak-ng's "Mm-hmm" and "Uh-huh", bench/turn_taking), which
+  the final, with all the audio, reads as the hum it is. Until the final, such a reply stays paused;
 - a final with no words or only backchannels ("mm-hmm", "yeah", "okay"; a cough that Whisper writes as
   nothing or "(coughs)"): the reply resumes where it paused and the history is unchanged;
-- no real words within `resume_after_ms` (1 s) of the pause: the reply resumes anyway; real words heard
+- no words at all within `resume_after_ms` (1 s) of the pause: the reply resumes anyway; real words heard
   later still interrupt it.
 
-`HeldReply` is the session's record of one held reply; `is_backchannel` the words rule.
+`HeldReply` is the session's record of one held reply; `is_backchannel` the words rule, `interrupts` when
+a transcript decides.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ BACKCHANNEL_WORDS = frozenset(
 )  # fmt: skip
 _NOISE = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "(coughs)", "[MUSIC]", "*sighs*"
 MAX_BACKCHANNEL_WORDS = 3
+# Words that ask the agent to stop talking: a partial that holds one interrupts however short it is.
+STOP_WORDS = frozenset(
+    {"stop", "wait", "hold", "hang", "pause", "no", "sorry", "excuse", "enough", "cancel", "quiet", "shut"}
+)
 
 
 _HUM = re.compile(r"[mhnu]{1,8}")  # how Whisper spells a hum: "mm", "mmmm", "nm", "mhm", "uhuh", "n m"
@@ -51,8 +60,22 @@ def _acknowledges(word: str) -> bool:
 def is_backchannel(text: str) -> bool:
     """True for a transcript without real words: empty, noise only, or up to three backchannel words
     (hums included, however Whisper spells them)."""
-    words = re.findall(r"[\w'-]+", _NOISE.sub(" ", text.lower()))
+    words = _words(text)
     return len(words) <= MAX_BACKCHANNEL_WORDS and all(_acknowledges(w) for w in words)
+
+
+def interrupts(text: str, *, final: bool) -> bool:
+    """Whether a transcript of speech over the reply ends it: a final with real words; a partial with real
+    words only if it holds more than `MAX_BACKCHANNEL_WORDS` words or one of `STOP_WORDS` (a shorter one
+    may be a misread hum: the final decides)."""
+    if is_backchannel(text):
+        return False
+    words = _words(text)
+    return final or len(words) > MAX_BACKCHANNEL_WORDS or any(w.strip("-'") in STOP_WORDS for w in words)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w'-]+", _NOISE.sub(" ", text.lower()))
 
 
 @dataclass
@@ -63,6 +86,7 @@ class HeldReply:
     task: asyncio.Task[None] | None
     paused_ns: int  # when the user's speech paused it (the frame's time)
     paused: bool = True
+    heard_words: bool = False  # a partial heard words too few to decide: the final decides, not the timer
     queued: deque[Event] = field(default_factory=deque)
 
     def alive(self) -> bool:
@@ -102,14 +126,14 @@ class BargeIns:
             held = self.held = HeldReply(turn, task, t_ns)
         elif held.paused:
             return
-        held.paused, held.paused_ns = True, t_ns
+        held.paused, held.paused_ns, held.heard_words = True, t_ns, False
         self.events.put_nowait(ReplyPaused(self.clock.now_ns(), turn))
         self.trace.write(TURN_PAUSED, turn)
 
     def tick(self, t_ns: int) -> None:
-        """An input frame at `t_ns`: a reply paused for resume_after_ms without real words goes on."""
+        """An input frame at `t_ns`: a reply paused for resume_after_ms without words goes on."""
         held = self.held
-        if held is not None and held.paused and self.resume_after_ms is not None:
+        if held is not None and held.paused and not held.heard_words and self.resume_after_ms is not None:
             if t_ns - held.paused_ns >= self.resume_after_ms * 1_000_000:
                 self.resume("no words in time")
 
@@ -125,17 +149,20 @@ class BargeIns:
 
     def heard(self, text: str, *, final: bool) -> bool:
         """The interrupting utterance's transcript so far (`final`: all of it). Real words end the held
-        reply (`Interrupted`); a final without them lets it go on, and True says it is not to be answered."""
+        reply (`Interrupted`; a partial's only when `interrupts` says so); a final without them lets it go on,
+        and True says it is not to be answered."""
         held = self.current()
         if held is None:
             return False
-        if not is_backchannel(text):
+        if interrupts(text, final=final):
             self.drop()
             self._interrupt(held.turn, held.task)
             return False
         if final:
             self.resume("no words" if not text.strip() else "backchannel", text)
             return True
+        if not is_backchannel(text):
+            held.heard_words = True
         return False
 
     def resume(self, reason: str, text: str = "") -> None:

@@ -72,7 +72,7 @@ NOTES = [
     "left out, so its waits are a lower bound.",
     "- False interruptions (backchannels over the agent's reply): today and in Pipecat's default pipeline "
     "every detected speech start interrupts; with the held reply (voiceagent/barge_in.py) only a start whose "
-    "partials or final hold real words (`is_backchannel` false).",
+    "final holds real words, or a partial more than three words or a stop word (`barge_in.interrupts`).",
 ]
 
 
@@ -127,10 +127,10 @@ def load_recordings(path: Path, clips: list[Clip]) -> list[Recording]:
 
 
 def heard_real_words(rec: Recording) -> bool:
-    from voiceagent.barge_in import is_backchannel
+    """Whether the session would interrupt its held reply on this utterance's partials or final."""
+    from voiceagent.barge_in import interrupts
 
-    texts = [s.text for s in rec.scored] + [rec.final_text]
-    return any(text.strip() and not is_backchannel(text) for text in texts)
+    return any(interrupts(s.text, final=False) for s in rec.scored) or interrupts(rec.final_text, final=True)
 
 
 def our_outcomes(recs: list[Recording], policy: TurnTakingOptions | int, held: bool) -> dict[str, Outcome]:

@@ -9,8 +9,15 @@ import pytest
 
 from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
 from tests.voiceagent.test_session import LOUD, QUIET, Harness, run
-from voiceagent.barge_in import is_backchannel
-from voiceagent.events import Interrupted, ReplyPaused, ReplyResumed, SpeechAudio, TurnEnded
+from voiceagent.barge_in import interrupts, is_backchannel
+from voiceagent.events import (
+    Interrupted,
+    ReplyPaused,
+    ReplyResumed,
+    SpeechAudio,
+    TranscriptFinal,
+    TurnEnded,
+)
 from voiceagent.recognizers import SplitRecognizer
 from voiceagent.session import SessionOptions
 
@@ -30,6 +37,19 @@ class ScriptedRecognizer(FakeRecognizer):
 
     def decode_partial(self) -> FakeTranscript:
         return super().decode_partial() if self.text else FakeTranscript("", "")
+
+
+class MisreadingRecognizer(ScriptedRecognizer):
+    """As ScriptedRecognizer, but its partials of the second utterance read `partial` whatever was said."""
+
+    def __init__(self, first: str, partial: str, final: str) -> None:
+        super().__init__(first, final)
+        self.partial = partial
+
+    def decode_partial(self) -> FakeTranscript:
+        if self.utterances < 2 or not self.frames:
+            return super().decode_partial()
+        return FakeTranscript("", self.partial)
 
 
 def speak_over(words_frames: int, then_quiet: int = 12) -> Any:
@@ -149,3 +169,56 @@ def test_the_turns_recogniser_hears_the_user_again_after_the_reply() -> None:
     h = run(scenario, recognizer=SplitRecognizer(turns, barge_ins))  # type: ignore[arg-type]
     assert turns.utterances == 2 and barge_ins.utterances == 0
     assert h.llm.histories[-1][-1] == {"role": "user", "content": "what time is it"}
+
+
+@pytest.mark.parametrize(
+    ("text", "final", "cuts"),
+    [
+        ("in a map", False, False),  # how Whisper heard half of Piper's "Mm-hmm." (bench/turn_taking)
+        ("in a map", True, True),
+        ("And and", False, False),
+        ("Out", False, False),
+        ("stop", False, True),
+        ("Wait,", False, True),
+        ("no no no", False, True),
+        ("what about next Tuesday", False, True),
+        ("Mm-hmm.", False, False),
+        ("Mm-hmm.", True, False),
+    ],
+)
+def test_which_transcripts_end_a_held_reply(text: str, final: bool, cuts: bool) -> None:
+    assert interrupts(text, final=final) is cuts
+
+
+def test_a_hum_misread_as_short_words_waits_for_the_final_and_resumes() -> None:
+    """Partials that read a hum as two or three words ("in a map") neither cut the reply nor let the
+    timer resume it; the final, with all the audio, hears the hum, and the reply goes on."""
+    llm = FakeLLM(blocks=REPLY, delay_s=0.02)
+    recognizer = MisreadingRecognizer("hello there", "in a map", "Mm-hmm.")
+    options = SessionOptions(resume_after_ms=500.0)  # shorter than the sound: the timer would resume it
+    h = run(speak_over(50), llm=llm, recognizer=recognizer, options=options)
+    assert not h.of(Interrupted)
+    resumed = [r for r in h.trace.records if r["event"] == "turn.resumed"]
+    assert [r["reason"] for r in resumed] == ["backchannel"]  # at the final, not "no words in time"
+    assert h.of(TurnEnded)[0].spoken_text == "One two three four five six."
+    assert len(llm.histories) == 1
+
+
+def test_short_real_words_cut_the_reply_at_the_final() -> None:
+    llm = FakeLLM(blocks=REPLY, delay_s=0.02)
+    recognizer = MisreadingRecognizer("hello there", "What time", "What time")
+    h = run(speak_over(50), llm=llm, recognizer=recognizer, options=SessionOptions(resume_after_ms=500.0))
+    assert not h.of(ReplyResumed)
+    interrupted = h.of(Interrupted)
+    assert len(interrupted) == 1 and interrupted[0].spoken_text == "One two"
+    assert h.events.index(interrupted[0]) > h.events.index(h.of(TranscriptFinal)[-1])
+    assert llm.histories[-1][-1] == {"role": "user", "content": "What time"}
+
+
+def test_a_stop_word_cuts_the_reply_before_the_final() -> None:
+    llm = FakeLLM(blocks=REPLY, delay_s=0.02)
+    recognizer = MisreadingRecognizer("hello there", "Stop", "Stop.")
+    h = run(speak_over(30), llm=llm, recognizer=recognizer)
+    interrupted = h.of(Interrupted)
+    assert len(interrupted) == 1 and interrupted[0].spoken_text == "One two"
+    assert h.events.index(interrupted[0]) < h.events.index(h.of(TranscriptFinal)[-1])
