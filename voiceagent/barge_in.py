@@ -60,18 +60,21 @@ def _acknowledges(word: str) -> bool:
 def is_backchannel(text: str) -> bool:
     """True for a transcript without real words: empty, noise only, or up to three backchannel words
     (hums included, however Whisper spells them)."""
-    words = _words(text)
-    return len(words) <= MAX_BACKCHANNEL_WORDS and all(_acknowledges(w) for w in words)
+    return _only_backchannel(_words(text))
 
 
 def interrupts(text: str, *, final: bool) -> bool:
     """Whether a transcript of speech over the reply ends it: a final with real words; a partial with real
     words only if it holds more than `MAX_BACKCHANNEL_WORDS` words or one of `STOP_WORDS` (a shorter one
     may be a misread hum: the final decides)."""
-    if is_backchannel(text):
-        return False
     words = _words(text)
+    if _only_backchannel(words):
+        return False
     return final or len(words) > MAX_BACKCHANNEL_WORDS or any(w.strip("-'") in STOP_WORDS for w in words)
+
+
+def _only_backchannel(words: list[str]) -> bool:
+    return len(words) <= MAX_BACKCHANNEL_WORDS and all(_acknowledges(w) for w in words)
 
 
 def _words(text: str) -> list[str]:
