@@ -35,7 +35,7 @@ import os
 import re
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from faster_whisper import WhisperModel
@@ -55,10 +55,13 @@ FINAL_CONTEXT_S = 1.0  # the final pass hears the stable words of this long befo
 
 @dataclass(frozen=True)
 class Transcript:
-    """A partial result: `stable` is the prefix two consecutive passes agreed on; `text`, the whole guess."""
+    """A partial result: `stable` is the prefix two consecutive passes agreed on; `text`, the whole guess;
+    `audio`, the utterance's audio the pass heard ([n] float32 16 kHz; None: not kept), for a model that
+    hears how the turn sounds (voiceagent/smart_turn.py)."""
 
     stable: str
     text: str
+    audio: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,7 @@ class StreamingRecognizer:
             self._last_text = _join(self._prefix, _words_text(self._agreed + self._prev_tail))
             self._last_end = audio.size
             self._trim(audio.size)
-            return Transcript(_join(self._prefix, _words_text(self._agreed)), self._last_text)
+            return Transcript(_join(self._prefix, _words_text(self._agreed)), self._last_text, audio)
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         """The utterance's transcript, which starts with the last stable text; ends the utterance.

@@ -26,8 +26,9 @@
     voiced chunk a partial's audio may end and still count as hearing every word; VOICEAGENT_TURN_DIGITS_WAIT
     (1: words ending in a digit, a number being dictated, wait as incomplete);
     VOICEAGENT_TURN_EARLY_COMPLETE_SCORE (0.6): the score a partial that heard less than
-    VOICEAGENT_TURN_SETTLED_SILENCE_MS (100) of silence after the words needs to end the turn quickly
-    (voiceagent/turn_taking.py).
+    VOICEAGENT_TURN_SETTLED_SILENCE_MS (100) of silence after the words needs to end the turn quickly;
+    VOICEAGENT_TURN_AUDIO_WEIGHT (0: the words alone) and VOICEAGENT_TURN_AUDIO_BIAS (2.0): how much Smart
+    Turn's probability from the sound of the turn moves the words' score (voiceagent/turn_taking.py).
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
     VOICEAGENT_API_KEY       when set, /ws and WebRTC signalling need it (`Authorization: Bearer KEY` or
                              `?token=KEY`)
@@ -112,6 +113,9 @@ class Settings(BaseSettings):
     turn_digits_wait: bool = True
     turn_settled_silence_ms: int = Field(100, ge=0, le=1000)
     turn_early_complete_score: float = Field(0.6, gt=0, le=1)
+    # Smart Turn v3.2's audio probability beside the text score (voiceagent/smart_turn.py; 0: words alone).
+    turn_audio_weight: float = Field(0.0, ge=0, le=1)
+    turn_audio_bias: float = Field(2.0, ge=-10, le=10)
     output_rate: int = Field(16000, ge=8000, le=48000)  # sample rate of the agent's audio
     # The gateway (`voiceagent serve`).
     host: str = "127.0.0.1"

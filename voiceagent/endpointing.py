@@ -6,20 +6,27 @@ the draft's unless VOICEAGENT_TURN_SCORE_MODEL says otherwise, engine/turn_end.p
 sets it on the endpointer before the endpointer hears the frame. A partial with the same words as the one
 scored last (a later pass that heard them all) takes its score again without a forward. Before a partial
 is scored, a preemptive reply to other words is stopped, so the LLM is free. Without a scoring LLM (a
-remote server) or with `SessionOptions.turn_taking` None, the endpointer keeps its fixed silence rule. Each
-score is traced (`turn.score`: the score, its cost, the wait).
+remote server) or with `SessionOptions.turn_taking` None, the endpointer keeps its fixed silence rule. With
+an audio scorer (Smart Turn, voiceagent/smart_turn.py) and a policy that weighs it (`audio_weight` > 0), the
+partial's audio is scored too, in the CPU lane, and the two are fused (turn_taking.py `fused_score`). Each
+score is traced (`turn.score`: the words' score, the audio's, the fused one, their cost, the wait).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
 
 from voiceagent.clock import Clock
 from voiceagent.llm import LLM, Message, TurnScoringLLM
 from voiceagent.stages import EndpointerLike
 from voiceagent.trace import TURN_SCORE, Trace
 from voiceagent.turn_taking import DEFAULT_OPTIONS, EndOfTurnWait, TurnTakingOptions, heard_all
+
+# A turn's audio so far ([n] float32 16 kHz) -> P(turn complete), e.g. Smart Turn run in the CPU lane.
+AudioScorer = Callable[[np.ndarray], Awaitable[float]]
 
 
 def _words(text: str) -> list[str]:
@@ -37,8 +44,11 @@ class ScoredEndpointing:
         options: TurnTakingOptions | None,
         clock: Clock,
         trace: Trace,
+        audio_scorer: AudioScorer | None = None,
     ) -> None:
         self.endpointer, self.clock, self.trace, self.options = endpointer, clock, trace, options
+        weighs_audio = options is not None and options.audio_weight > 0
+        self.audio_scorer = audio_scorer if weighs_audio else None
         self.use(llm)
 
     def use(self, llm: LLM) -> None:
@@ -71,14 +81,21 @@ class ScoredEndpointing:
             from_quiet = wait <= self.options.complete_silence_ms
             self.endpointer.set_end_silence_ms(wait, from_quiet=from_quiet)
 
-    async def score(self, turn: int, messages: Sequence[Message], heard_until_ns: int) -> None:
-        """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio)."""
+    async def score(
+        self, turn: int, messages: Sequence[Message], heard_until_ns: int, audio: np.ndarray | None = None
+    ) -> None:
+        """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio; `audio`,
+        that audio, for the audio scorer)."""
         if self.scorer is None or self.wait is None:
             return
         if not messages[-1]["content"].strip():  # it heard every word said, and there was none
             self.wait.heard_no_words(heard_until_ns)
             return
         started = self.clock.now_ns()
+        audio_score = None
+        if self.audio_scorer is not None and audio is not None and audio.size:
+            audio_score = await self.audio_scorer(audio)
+        audio_ms = (self.clock.now_ns() - started) / 1e6
         words = _words(messages[-1]["content"])
         if words == self._scored_words and self._score is not None:
             score: float | None = self._score  # the same words heard again, further on: the same score
@@ -86,8 +103,10 @@ class ScoredEndpointing:
             score = await self.scorer.end_of_turn_probability(messages)
         if score is not None:
             self._scored_words, self._score = words, score
-        self.wait.scored(score, heard_until_ns, text=messages[-1]["content"])
+        fused = self.wait.scored(score, heard_until_ns, text=messages[-1]["content"], audio_score=audio_score)
         wait = self.wait.wait_ms(self.endpointer.last_voiced_ns())
+        ms = (self.clock.now_ns() - started) / 1e6
         self.trace.write(
-            TURN_SCORE, turn, score=score, ms=(self.clock.now_ns() - started) / 1e6, wait_ms=wait
-        )
+            TURN_SCORE, turn, score=score, ms=ms, wait_ms=wait, audio_score=audio_score, fused=fused,
+            audio_ms=audio_ms if audio_score is not None else None,
+        )  # fmt: skip

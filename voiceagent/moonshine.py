@@ -195,7 +195,7 @@ class MoonshineRecognizer:
             if agreed > len(self._stable):
                 self._stable = words[:agreed]
             self._previous, self._last_end = words, audio.size
-            return Transcript("".join(self._stable).strip(), "".join(words).strip())
+            return Transcript("".join(self._stable).strip(), "".join(words).strip(), audio)
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         """The utterance's transcript (begins with the last stable text); ends the utterance."""

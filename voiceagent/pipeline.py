@@ -32,6 +32,7 @@ from voiceagent.llm import (
 from voiceagent.real_speech import prepare_real_speech, real_speech_status
 from voiceagent.recognizers import BargeInRecognizer, load_asr_model, new_recognizer
 from voiceagent.session import Session, SessionOptions
+from voiceagent.smart_turn import SmartTurn
 from voiceagent.speech_models import (
     VoiceError,
     locate_voice,
@@ -39,6 +40,7 @@ from voiceagent.speech_models import (
     prepare_voice,
     speech_model_status,
 )
+from voiceagent.stages import TurnAudioModel
 from voiceagent.trace import Trace
 from voiceagent.tts import Synthesizer, load_synthesizer
 from voiceagent.turn_taking import TurnTakingOptions
@@ -56,6 +58,8 @@ class Pipeline:
     engine: Any  # engine.generate.Engine for VOICEAGENT_LLM=local, else None
     lane: CpuLane = NO_LANE  # ASR and TTS take turns with a local engine on the CPU (voiceagent/cpu_lane.py)
     template_llm: LocalLLM | None = None  # holds the system prompt's cached keys; each session forks it
+    # Smart Turn, where the end-of-turn score weighs the audio (VOICEAGENT_TURN_AUDIO_WEIGHT > 0)
+    turn_audio: TurnAudioModel | None = None
 
     @classmethod
     def load(cls, settings: Settings, log: Log) -> Pipeline:
@@ -70,12 +74,17 @@ class Pipeline:
         lane = engine_lane(engine)
         # In the lane a phrase renders alone, so with two threads; else beside the engine's decoding, on one.
         threads = min(2, os.cpu_count() or 1) if lane.active else 1
-        return cls(settings, asr_model, silero, load_synthesizer(settings.tts, threads=threads), engine, lane)
+        synthesizer = load_synthesizer(settings.tts, threads=threads)
+        turn_audio = None
+        if engine is not None and settings.turn_score and settings.turn_audio_weight > 0:
+            log("loading Smart Turn v3.2 (the end-of-turn score weighs how the turn sounds)")
+            turn_audio = SmartTurn()
+        return cls(settings, asr_model, silero, synthesizer, engine, lane, turn_audio=turn_audio)
 
     async def warm_up(self) -> None:
-        """One ASR pass and one LLM token with the speech system prompt, so no turn pays first-call
-        costs. That conversation becomes the template every session forks: no session prefills the
-        system prompt again."""
+        """One ASR pass (a Smart Turn inference) and one LLM token with the speech system prompt, so no
+        turn pays first-call costs. That conversation becomes the template every session forks: no
+        session prefills the system prompt again."""
         recognizer = new_recognizer(self.settings.asr_model)
         starts = [recognizer.start]
         if isinstance(recognizer, BargeInRecognizer):  # its recogniser for speech over a reply, too
@@ -85,6 +94,8 @@ class Pipeline:
             for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
                 recognizer.push(frame)
             await asyncio.to_thread(recognizer.decode_final)
+        if self.turn_audio is not None:  # its first call loads the feature extractor (~1-3 s)
+            await asyncio.to_thread(self.turn_audio.probability, np.zeros(SAMPLE_RATE, dtype=np.float32))
         if self.engine is not None and self.template_llm is None:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
             conversation = self.engine.new_conversation(context)
@@ -125,6 +136,7 @@ class Pipeline:
             trace=trace,
             options=options,
             lane=self.lane,
+            turn_audio=self.turn_audio,
         )
 
 

