@@ -82,9 +82,9 @@ class Pipeline:
         return cls(settings, asr_model, silero, synthesizer, engine, lane, turn_audio=turn_audio)
 
     async def warm_up(self) -> None:
-        """One ASR pass (a Smart Turn inference) and one LLM token with the speech system prompt, so no
-        turn pays first-call costs. That conversation becomes the template every session forks: no
-        session prefills the system prompt again."""
+        """One ASR pass and one LLM token with the speech system prompt, so no turn pays first-call
+        costs. That conversation becomes the template every session forks: no session prefills the
+        system prompt again."""
         recognizer = new_recognizer(self.settings.asr_model)
         starts = [recognizer.start]
         if isinstance(recognizer, BargeInRecognizer):  # its recogniser for speech over a reply, too
@@ -94,8 +94,6 @@ class Pipeline:
             for frame in frames(np.zeros(SAMPLE_RATE, dtype=np.int16)):  # a second of audio: a real pass
                 recognizer.push(frame)
             await asyncio.to_thread(recognizer.decode_final)
-        if self.turn_audio is not None:  # its first call loads the feature extractor (~1-3 s)
-            await asyncio.to_thread(self.turn_audio.probability, np.zeros(SAMPLE_RATE, dtype=np.float32))
         if self.engine is not None and self.template_llm is None:
             context = min(self.settings.session_context_tokens, self.engine.max_seq_len)
             conversation = self.engine.new_conversation(context)

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from voiceagent.audio import SAMPLE_RATE
+
 if TYPE_CHECKING:
     from transformers import WhisperFeatureExtractor
 
-__all__ = ["SAMPLE_RATE", "WINDOW_S", "SmartTurn", "last_window"]
+__all__ = ["WINDOW_S", "SmartTurn", "last_window"]
 
-SAMPLE_RATE = 16_000
 WINDOW_S = 8  # the model's input: the last 8 s of the turn
 
 
@@ -45,7 +46,9 @@ def _features() -> WhisperFeatureExtractor:
 
 
 class SmartTurn:
-    """One ONNX Runtime session of the model (thread-safe for `probability`; one intra-op thread)."""
+    """One ONNX Runtime session of the model (thread-safe for `probability`; one intra-op thread), warmed
+    by one inference on 1 s of silence (the first call loads the feature extractor: ~1-3 s), so no turn
+    pays for it."""
 
     def __init__(self, path: Path | str | None = None, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -62,15 +65,14 @@ class SmartTurn:
             str(path), sess_options=options, providers=["CPUExecutionProvider"]
         )
         self._input = self._session.get_inputs()[0].name
+        self.probability(np.zeros(SAMPLE_RATE, dtype=np.float32))
 
     def probability(self, audio: np.ndarray) -> float:
         """P(turn complete) for a turn's audio so far: [n] float32 in [-1, 1] at 16 kHz (n >= 1)."""
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-        if audio.size == 0:
+        if np.size(audio) == 0:
             raise ValueError("Smart Turn needs some audio, got none")
-        window = last_window(audio)
         features = _features()(
-            window, sampling_rate=SAMPLE_RATE, do_normalize=True, return_tensors="np"
+            last_window(audio), sampling_rate=SAMPLE_RATE, do_normalize=True, return_tensors="np"
         ).input_features  # [1, 80, 800] float32
         (out,) = self._session.run(None, {self._input: features.astype(np.float32)})
         return float(np.asarray(out).reshape(-1)[0])

@@ -120,6 +120,11 @@ ENDS_IN_DIGIT = re.compile(_DIGIT + r"(?:[\s,.\-]*" + _DIGIT + r")+[\W_]*$", re.
 _EDGE = 1e-6  # probabilities are kept this far from 0 and 1 before taking logits
 
 
+def _check_probability(p: float, what: str = "") -> None:
+    if not 0.0 <= p <= 1.0 or math.isnan(p):
+        raise ValueError(f"an end-of-turn {what}score is a probability in [0, 1], got {p}")
+
+
 def _logit(p: float) -> float:
     p = min(max(p, _EDGE), 1.0 - _EDGE)
     return math.log(p / (1.0 - p))
@@ -132,9 +137,8 @@ def fused_score(text: float, audio: float | None, options: TurnTakingOptions = D
     it did not. Light on purpose: on its own the audio calls most mid-sentence pauses complete."""
     if audio is None or options.audio_weight == 0.0:
         return text
-    for name, p in (("text", text), ("audio", audio)):
-        if not 0.0 <= p <= 1.0 or math.isnan(p):
-            raise ValueError(f"an end-of-turn {name} score is a probability in [0, 1], got {p}")
+    _check_probability(text, "text ")
+    _check_probability(audio, "audio ")
     z = _logit(text) + options.audio_weight * (_logit(audio) - options.audio_bias)
     return 1.0 / (1.0 + math.exp(-z))
 
@@ -155,8 +159,7 @@ def end_silence_ms(
     """
     if score is None:
         return options.fallback_silence_ms
-    if not 0.0 <= score <= 1.0 or math.isnan(score):
-        raise ValueError(f"an end-of-turn score is a probability in [0, 1], got {score}")
+    _check_probability(score)
     if score >= options.complete_score:
         wait = options.complete_silence_ms
     elif score <= options.incomplete_score:
@@ -197,7 +200,7 @@ class EndOfTurnWait:
         if score is None:
             self._unscorable = self._score is None
             return None
-        end_silence_ms(score, self.options)  # checks it is a probability
+        _check_probability(score)
         score = fused_score(score, audio_score, self.options)
         if self.options.digits_wait and ENDS_IN_DIGIT.search(text):
             score = min(score, self.options.incomplete_score)

@@ -99,7 +99,6 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
     asr_model = Settings().asr_model  # the session's recogniser (VOICEAGENT_ASR_MODEL)
     load_asr_model(asr_model)
     turn_audio = SmartTurn()  # every scored partial's audio, so both policies replay from one recording
-    turn_audio.probability(np.zeros(16_000, dtype=np.float32))  # its first call loads the features
     recordings: list[Recording] = []
     for n, clip in enumerate(clips, start=1):
         llm = template.fork()  # as each session forks the pipeline's warmed template

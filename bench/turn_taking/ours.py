@@ -136,9 +136,10 @@ async def record(
             continue
         last = rec.scored[-1] if rec.scored else None
         pause = kind == "pause"
-        scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until)
-        audio = heard_audio(scored.transcript) if turn_audio is not None else None
-        scored = scored.scored
+        heard, scored = await _partial(
+            recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until
+        )
+        audio = heard_audio(heard)
         if turn_audio is not None and audio is not None and scored.score is not None:
             started = time.perf_counter()
             audio_score = turn_audio.probability(audio)
@@ -186,9 +187,9 @@ async def _partial(
     pause: bool,
     last: Scored | None,
     voiced_until: list[int],
-) -> _Heard:
-    """A partial and its score (the last one's again, without a forward, for the same words; none if it
-    returned after the user spoke on past its audio)."""
+) -> tuple[TranscriptLike, Scored]:
+    """A partial (its transcript) and its score (the last one's again, without a forward, for the same
+    words; none if it returned after the user spoke on past its audio)."""
     started = time.perf_counter()
     transcript = recognizer.decode_partial()
     asr_s = time.perf_counter() - started
@@ -204,7 +205,7 @@ async def _partial(
         prefill_s = time.perf_counter() - started
         known_ns = returned_ns + int(prefill_s * 1e9)  # the cores are busy with it until then
         skipped = Scored(known_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, True, prefill_s)
-        return _Heard(transcript, skipped)
+        return transcript, skipped
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
     if last is not None and last.text == transcript.text and last.score is not None:
@@ -213,13 +214,7 @@ async def _partial(
         score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
-    return _Heard(transcript, Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause))
-
-
-@dataclass(frozen=True)
-class _Heard:
-    transcript: TranscriptLike
-    scored: Scored
+    return transcript, Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
 
 
 def _last_voiced_by_frame(clip: Clip) -> list[int]:

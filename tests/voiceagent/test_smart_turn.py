@@ -5,9 +5,9 @@ recorded speech as complete and the same speech cut mid-sentence as not."""
 import numpy as np
 import pytest
 
-from voiceagent.audio import to_float
+from voiceagent.audio import SAMPLE_RATE, to_float
 from voiceagent.real_speech import load_clips
-from voiceagent.smart_turn import SAMPLE_RATE, WINDOW_S, SmartTurn, last_window
+from voiceagent.smart_turn import WINDOW_S, SmartTurn, last_window
 
 
 def test_the_window_is_the_last_eight_seconds_with_silence_before_a_shorter_turn() -> None:
