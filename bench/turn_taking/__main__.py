@@ -23,7 +23,6 @@ transcript has real words). Progress goes to stderr; the LAST line on stdout is 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import datetime
 import json
@@ -40,13 +39,11 @@ from bench.turn_taking.systems import (
     BASELINE_MS,
     WITH_AUDIO,
     WORDS,
-    load_recordings,
     log,
     machine,
     our_outcomes,
     pipecat_outcomes,
-    record_all,
-    save_recordings,
+    recordings_of,
     uptime,
     without_delay,
 )
@@ -119,15 +116,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="reuse the recordings kept in this file (made and kept there if absent)",
     )
     return parser.parse_args(argv)
-
-
-def recordings_of(clips: list[Clip], kept: Path | None) -> list[Recording]:
-    if kept is not None and kept.exists():
-        return load_recordings(kept, clips)
-    recordings = asyncio.run(record_all(clips))
-    if kept is not None:
-        save_recordings(kept, recordings)
-    return recordings
 
 
 def tuned(tune: list[Clip], recordings: list[Recording], base: TurnTakingOptions) -> TurnTakingOptions:

@@ -27,7 +27,6 @@ The LAST line on stdout is one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import datetime
 import json
@@ -45,13 +44,11 @@ from bench.turn_taking.systems import (
     BASELINE_MS,
     WITH_AUDIO,
     WORDS,
-    load_recordings,
     log,
     machine,
     our_outcomes,
     pipecat_outcomes,
-    record_all,
-    save_recordings,
+    recordings_of,
     uptime,
     without_delay,
 )
@@ -255,12 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     before = uptime()
     clips = build_real_clips(cache_root() / "turn-taking-real")
-    if args.recordings is not None and args.recordings.exists():
-        recordings = load_recordings(args.recordings, clips)
-    else:
-        recordings = asyncio.run(record_all(clips))
-        if args.recordings is not None:
-            save_recordings(args.recordings, recordings)
+    recordings = recordings_of(clips, args.recordings)
     instant = [without_delay(r) for r in recordings]
     outcomes = {
         f"silence {BASELINE_MS} ms": our_outcomes(recordings, BASELINE_MS, held=True),

@@ -8,6 +8,7 @@ Used by the generated-speech bench (`python -m bench.turn_taking`) and the real-
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
@@ -131,3 +132,13 @@ def machine() -> dict[str, str]:
 
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def recordings_of(clips: list[Clip], kept: Path | None) -> list[Recording]:
+    """The clips' recordings: reused from `kept` if it exists, else recorded (and kept there if given)."""
+    if kept is not None and kept.exists():
+        return load_recordings(kept, clips)
+    recordings = asyncio.run(record_all(clips))
+    if kept is not None:
+        save_recordings(kept, recordings)
+    return recordings
