@@ -5,12 +5,15 @@ bit (attention.cpp); a whole decoder layer in one call, for forwards of a few id
 `gguf_mm()` builds them once for this CPU (torch's C++ extension loader, ~1 min on
 2 cores, with -march=native: AVX-512 VNNI, AVX-VNNI or AVX2 as the CPU has) into
 `$VOICEAGENT_CACHE/kernels/<key>`, the key made of the source, torch's version and the CPU's flags, so a
-cache shared by two kinds of CPU never hands one the other's build.
+cache shared by two kinds of CPU never hands one the other's build. `VOICEAGENT_CPU_KERNELS=avx2` (or
+`scalar`) makes the engine run an older CPU's build on this one, e.g. to time the AVX2 code paths an
+AVX2-only EPYC runs on a machine that has AVX-512 (bench/results/2026-12-06-cpu-xeon-avx2-proxy.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -49,10 +52,17 @@ def build_key(flags: list[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@cache
-def gguf_mm(variant: str = "native") -> ModuleType:
+def gguf_mm(variant: str | None = None) -> ModuleType:
     """The compiled kernel module (built on first use, then loaded from the cache); `variant` "avx2" or
-    "scalar" builds the code paths of older CPUs (for tests)."""
+    "scalar" builds the code paths of older CPUs (for tests); None: `$VOICEAGENT_CPU_KERNELS` or "native"."""
+    chosen = variant or os.environ.get("VOICEAGENT_CPU_KERNELS") or "native"
+    if chosen not in VARIANTS:
+        raise ValueError(f"VOICEAGENT_CPU_KERNELS={chosen!r}: expected one of {', '.join(VARIANTS)}")
+    return _built(chosen)
+
+
+@cache
+def _built(variant: str) -> ModuleType:
     from torch.utils import cpp_extension
 
     from engine.models import cache_root

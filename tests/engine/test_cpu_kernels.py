@@ -239,3 +239,16 @@ def test_row_attention_is_softmax_attention_and_a_row_s_output_is_its_own(
         [gguf_mm(variant).row_attention(q[i : i + 1], k, v, positions[i : i + 1], window) for i in range(n_q)]
     )
     assert torch.equal(alone, out)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the AVX2 build is x86-64 code")
+def test_the_environment_picks_an_older_cpus_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VOICEAGENT_CPU_KERNELS=avx2 runs the AVX2-only CPU's build on this one (to time its code paths);
+    a name that is no build is refused with the names that are."""
+    monkeypatch.setenv("VOICEAGENT_CPU_KERNELS", "avx2")
+    assert gguf_mm().isa() == "avx2"
+    monkeypatch.setenv("VOICEAGENT_CPU_KERNELS", "avx3")
+    with pytest.raises(ValueError, match="native, avx2, scalar"):
+        gguf_mm()
+    monkeypatch.delenv("VOICEAGENT_CPU_KERNELS")
+    assert gguf_mm().isa() == gguf_mm("native").isa()
