@@ -54,11 +54,18 @@ def build_key(flags: list[str]) -> str:
 
 def gguf_mm(variant: str | None = None) -> ModuleType:
     """The compiled kernel module (built on first use, then loaded from the cache); `variant` "avx2" or
-    "scalar" builds the code paths of older CPUs (for tests); None: `$VOICEAGENT_CPU_KERNELS` or "native"."""
-    chosen = variant or os.environ.get("VOICEAGENT_CPU_KERNELS") or "native"
+    "scalar" builds the code paths of older CPUs (for tests); None: `$VOICEAGENT_CPU_KERNELS` or "native".
+    Forwards call this for every projection and attention: both lookups are cached."""
+    return _built(variant or _variant_from_environment())
+
+
+@cache
+def _variant_from_environment() -> str:
+    """`$VOICEAGENT_CPU_KERNELS` or "native", read once (an unknown name is refused each time it is asked)."""
+    chosen = os.environ.get("VOICEAGENT_CPU_KERNELS") or "native"
     if chosen not in VARIANTS:
         raise ValueError(f"VOICEAGENT_CPU_KERNELS={chosen!r}: expected one of {', '.join(VARIANTS)}")
-    return _built(chosen)
+    return chosen
 
 
 @cache

@@ -17,7 +17,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from engine.cpu_kernels import gguf_mm
+from engine.cpu_kernels import _variant_from_environment, gguf_mm
 from engine.cpu_kernels.linear import kernel_product
 from engine.cpu_kernels.pack import (
     Q4_0_BLOCK_BYTES,
@@ -245,10 +245,18 @@ def test_row_attention_is_softmax_attention_and_a_row_s_output_is_its_own(
 def test_the_environment_picks_an_older_cpus_build(monkeypatch: pytest.MonkeyPatch) -> None:
     """VOICEAGENT_CPU_KERNELS=avx2 runs the AVX2-only CPU's build on this one (to time its code paths);
     a name that is no build is refused with the names that are."""
-    monkeypatch.setenv("VOICEAGENT_CPU_KERNELS", "avx2")
+
+    def with_environment(value: str | None) -> None:  # the variable is read once a process: read it again
+        if value is None:
+            monkeypatch.delenv("VOICEAGENT_CPU_KERNELS")
+        else:
+            monkeypatch.setenv("VOICEAGENT_CPU_KERNELS", value)
+        _variant_from_environment.cache_clear()
+
+    with_environment("avx2")
     assert gguf_mm().isa() == "avx2"
-    monkeypatch.setenv("VOICEAGENT_CPU_KERNELS", "avx3")
+    with_environment("avx3")
     with pytest.raises(ValueError, match="native, avx2, scalar"):
         gguf_mm()
-    monkeypatch.delenv("VOICEAGENT_CPU_KERNELS")
+    with_environment(None)
     assert gguf_mm().isa() == gguf_mm("native").isa()
