@@ -36,6 +36,7 @@ from engine.state import (  # re-exported: the engine's types and its prefill sc
     ModelState,
     prefill_state,
 )
+from engine.turn_head import TurnHead
 
 __all__ = [
     "FUSED_PREFILL",
@@ -173,6 +174,7 @@ class Conversation:
         *,
         after_mark_power: float = turn_end.AFTER_MARK_POWER,
         model: turn_end.ScoreModel = "draft",
+        learned: bool = False,
     ) -> float | None:
         """P(the user's message is complete) after `prompt_ids`: the chat prompt up to and including the
         user's words so far, cut before the id that would close their message (engine/turn_end.py).
@@ -183,6 +185,8 @@ class Conversation:
         prefill, else the draft. The words stay cached for the reply,
         nothing fed past them is kept. None while the conversation generates (never waits for it).
         `after_mark_power`: how much what follows a punctuation mark counts (turn_end's docstring).
+        `learned`: the scoring model's trained end-of-turn head (engine/turn_head.py; `Engine.turn_heads`)
+        gives the score where it has one; False (the default): the model's own score.
         """
         if model not in turn_end.SCORE_MODELS:
             raise ValueError(f"the end-of-turn model is one of {turn_end.SCORE_MODELS}, got {model!r}")
@@ -192,7 +196,11 @@ class Conversation:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return turn_end.end_of_turn_probability(self, words, marks, after_mark_power, on_target=on_target)
+            scorer = "target" if on_target or self.draft is None else "draft"
+            head = self.engine.turn_heads.get(scorer) if learned else None
+            return turn_end.end_of_turn_probability(
+                self, words, marks, after_mark_power, on_target=on_target, head=head
+            )
         finally:
             self._lock.release()
 
@@ -258,6 +266,8 @@ class Engine:
         # this engine step under it, first come first served.
         self.lock = FairLock()
         self._default: Conversation | None = None
+        # "target" / "draft" -> that model's trained end-of-turn head (engine/turn_head.py), from load_engine
+        self.turn_heads: dict[str, TurnHead] = {}
 
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,

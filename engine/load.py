@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from engine import turn_head
 from engine.config import ModelArgs
 from engine.cpu_kernels import kernels_build
 from engine.generate import Clock, Engine, Model
@@ -144,6 +145,10 @@ def load_engine(
         clock=clock,
         ngram_drafts=ngram_drafts,
     )
+    for role, name in (("target", options.target), ("draft", options.draft if draft_model else None)):
+        head = turn_head.for_model(name)
+        if head is not None:
+            engine.turn_heads[role] = head
     if options.gamma == "auto" and (draft_model is not None or ngram_drafts):
         engine.calibrate()  # the adaptive length's cost table, timed once here rather than in a first reply
     return engine

@@ -37,6 +37,8 @@ cached (a head start); the punctuation ids are rolled back (`valid` cut back to 
 overwrites those positions on the next feed, the ggml cache drops every cell from the next feed's first
 position). `Conversation.tokens` becomes the words, as after `Conversation.prefill`.
 
+A trained head (engine/turn_head.py; `head`) may give the score instead, from the same distribution.
+
 Shapes: V = vocabulary.
 """
 
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 
 from engine.state import PREFILL_CHUNK, ModelState, prefill_state
+from engine.turn_head import TurnHead, raw_score
 
 if TYPE_CHECKING:
     from engine.generate import Conversation
@@ -121,9 +124,12 @@ def end_of_turn_probability(
     after_mark_power: float = AFTER_MARK_POWER,
     *,
     on_target: bool = False,
+    head: TurnHead | None = None,
 ) -> float:
     """P(the user's message is complete) after `words` (see the module docstring), on the draft model's
-    cache (`on_target`, or no draft: the target's). The caller holds the conversation's lock."""
+    cache (`on_target`, or no draft: the target's). `head`: that model's trained end-of-turn head
+    (engine/turn_head.py), which then gives the score (after_mark_power is not used). The caller holds
+    the conversation's lock."""
     if after_mark_power < 0:
         raise ValueError(f"after_mark_power must be >= 0, got {after_mark_power}")
     state = conv.target if on_target or conv.draft is None else conv.draft
@@ -134,7 +140,11 @@ def end_of_turn_probability(
     logits = state.feed(words[state.valid :], state.valid, "last")
     assert logits is not None
     state.valid = n_words
-    probs = logits[0].float().softmax(dim=-1)  # [V]: what follows the words
+    log_probs = logits[0].float().log_softmax(dim=-1)  # [V]: what follows the words
+    probs = log_probs.exp()
+    if head is not None:  # a trained head reads the same distribution (engine/turn_head.py)
+        state.valid = n_words
+        return head.probability(log_probs, raw_score(probs, marks))
     score = float(probs[marks.end_of_turn_id])
     for group in marks.mark_ids:
         mark_probability = float(probs[list(group)].sum())

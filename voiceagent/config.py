@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # Whose cache scores the end of turn (engine Conversation.end_of_turn_probability): "auto" is the target
     # where the target is fed ahead (a CPU), else the draft.
     turn_score_model: Literal["auto", "draft", "target"] = "draft"
+    # That model's trained end-of-turn head (engine/turn_head.py, bench/turn_taking/train_head.py) gives the
+    # score where it has one; off by default: on speech it lifted fragments as well as finished questions
+    # (bench/results/2026-12-06-cpu-xeon-amx-turn-head.md).
+    turn_head: bool = False
     turn_complete_score: float = Field(0.4, gt=0, le=1)
     turn_incomplete_score: float = Field(0.01, gt=0, lt=1)
     turn_complete_silence_ms: int = Field(120, ge=0, le=3000)

@@ -83,10 +83,12 @@ class LocalLLM:
         block_timeout_s: float = DEFAULT_BLOCK_TIMEOUT_S,
         lane: CpuLane = NO_LANE,
         turn_score_model: ScoreModel = "draft",
+        turn_head: bool = False,
     ) -> None:
         self.engine, self.block_timeout_s, self.lane = engine, block_timeout_s, lane
-        # whose cache scores the end of turn (VOICEAGENT_TURN_SCORE_MODEL)
-        self.turn_score_model = turn_score_model
+        # whose cache scores the end of turn (VOICEAGENT_TURN_SCORE_MODEL), and whether that model's trained
+        # end-of-turn head gives the score where it has one (VOICEAGENT_TURN_HEAD; engine/turn_head.py)
+        self.turn_score_model, self.turn_head = turn_score_model, turn_head
         self._conversation = conversation or engine.new_conversation()
         self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
@@ -219,11 +221,14 @@ class LocalLLM:
         self._running = job
         return bool(await asyncio.shield(job))
 
-    async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None:
+    async def end_of_turn_probability(
+        self, messages: Sequence[Message], *, learned: bool | None = None
+    ) -> float | None:
         """P(the user's turn is complete): `messages` end with the user's words so far (a partial; its final
         marks are dropped, engine/turn_end.py says why). None while a reply is being written or if scoring
         fails: the caller then keeps its silence rule; a cancelled reply or a prefill is waited for. The
-        words stay cached, a head start for the reply."""
+        words stay cached, a head start for the reply. `learned`: the trained head's score or the raw one
+        (None: `turn_head`)."""
         *history, user = messages
         words = {**user, "content": user["content"].rstrip(END_MARKS)}
         if not words["content"]:
@@ -233,7 +238,8 @@ class LocalLLM:
                 return None  # a reply is being written
             with contextlib.suppress(TimeoutError):  # a cancelled reply or a prefill ends soon
                 await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
-        job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words])
+        learned = self.turn_head if learned is None else learned
+        job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words], learned)
         self._running = job
         return await asyncio.shield(job)
 
@@ -243,12 +249,15 @@ class LocalLLM:
 
         return user_words(prompt, turn_marks(self.engine.tokenizer).end_of_turn_id)
 
-    def _score_turn(self, messages: list[Message]) -> float | None:
+    def _score_turn(self, messages: list[Message], learned: bool) -> float | None:
         try:
             prompt = self._user_words(self._fitting_prompt(messages, room=1))
             self.lane.wait_turn()
             with self._lock:
-                return self._conversation.end_of_turn_probability(prompt, model=self.turn_score_model)
+                conversation = self._conversation
+                return conversation.end_of_turn_probability(
+                    prompt, model=self.turn_score_model, learned=learned
+                )
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
             return None
 
@@ -277,6 +286,7 @@ class LocalLLM:
             block_timeout_s=self.block_timeout_s,
             lane=self.lane,
             turn_score_model=self.turn_score_model,
+            turn_head=self.turn_head,
         )
 
 
@@ -327,5 +337,8 @@ def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:
         )
     engine = engine if engine is not None else load_local_engine(settings)
     return LocalLLM(
-        engine, block_timeout_s=settings.llm_timeout_s, turn_score_model=settings.turn_score_model
+        engine,
+        block_timeout_s=settings.llm_timeout_s,
+        turn_score_model=settings.turn_score_model,
+        turn_head=settings.turn_head,
     )

@@ -104,6 +104,7 @@ class Pipeline:
                 block_timeout_s=timeout_s,
                 lane=self.lane,
                 turn_score_model=self.settings.turn_score_model,
+                turn_head=self.settings.turn_head,
             )
             messages = [
                 {"role": "system", "content": SessionOptions().system_prompt},

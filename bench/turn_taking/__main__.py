@@ -12,7 +12,9 @@ the tuning clips (reported on the others) and under the default one, and under b
 scores took no time (what each policy decides, apart from this machine's speed). Pipecat
 (bench/turn_taking/pipecat_turns.py): Pipecat 1.14's Silero VAD + Smart Turn v3.2, in its own virtualenv
 (made on first use), on the same clips in the same run. `--noise-dbfs`: the same clips with pink noise at that
-RMS level under them (clips.with_noise), as a real microphone or line has.
+RMS level under them (clips.with_noise), as a real microphone or line has. With `VOICEAGENT_TURN_HEAD=1` the
+draft's trained head scores (engine/turn_head.py) and the raw score is recorded beside it: the "raw score,
+no head" rows replay the same recording with it.
 
 Figures per class: endpoint wait from the end of speech (p50/p95), cut-off rate (the turn ended before the
 speech did), false interruptions (a backchannel over the agent's reply that would cut it: for today and for
@@ -32,11 +34,12 @@ import numpy as np
 
 from bench.turn_taking import report
 from bench.turn_taking.clips import Clip, build_clips, with_noise
-from bench.turn_taking.ours import Recording, replay
+from bench.turn_taking.ours import Recording, raw_scores, replay
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT
 from bench.turn_taking.report import ClassFigures, Outcome
 from bench.turn_taking.systems import (
     BASELINE_MS,
+    RAW_WORDS,
     WITH_AUDIO,
     WORDS,
     log,
@@ -160,6 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         "score + Smart Turn (defaults)": our_outcomes(reported, WITH_AUDIO, held=True),
         "score + Smart Turn (defaults), no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
+    chosen_both = {"words": chosen, "words + Smart Turn": chosen_audio}
+    if any(
+        s.raw_score is not None for r in recordings for s in r.scored
+    ):  # the head scored: the raw beside it
+        raw_reported = [raw_scores(r) for r in reported]
+        chosen_both["raw score, no head"] = chosen_raw = tuned(
+            tune, [raw_scores(r) for r in tuning], RAW_WORDS
+        )
+        outcomes["raw score, no head (tuned)"] = our_outcomes(raw_reported, chosen_raw, held=True)
+        outcomes["raw score, no head (defaults)"] = our_outcomes(raw_reported, RAW_WORDS, held=True)
+        raw_instant = [without_delay(r) for r in raw_reported]
+        outcomes["raw score, no head (tuned), no compute delay"] = our_outcomes(
+            raw_instant, chosen_raw, held=True
+        )
     inferences: list[float] = []
     if not args.skip_pipecat:
         outcomes["Pipecat 1.14 Smart Turn v3.2"], inferences = pipecat_outcomes(shown)
@@ -174,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     misses = report.misses(reported, outcomes["score (tuned)"])
     counts = (len(tune), len(shown))
-    chosen_both = {"words": chosen, "words + Smart Turn": chosen_audio}
     write_results(
         args.out, systems, chosen_both, timing, inferences, load_before, counts, misses, args.noise_dbfs
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +38,7 @@ import numpy as np
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
 from voiceagent.llm import LocalLLM
+from voiceagent.llm_types import Message
 from voiceagent.partials import PartialSchedule, words_ahead
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import RecognizerLike, TranscriptLike, TurnAudioModel, heard_audio, start_utterance
@@ -65,6 +67,7 @@ class Scored:
     prefill_s: float = 0.0  # a skipped partial's head start: its words fed while the user speaks on
     audio_score: float | None = None  # Smart Turn on the partial's audio (None: not run)
     audio_s: float = 0.0  # its time: a policy that weighs it knows the score this much after known_ns
+    raw_score: float | None = None  # the model's own P(end | words) where `score` is its trained head's
 
     def known_under(self, policy: TurnTakingOptions) -> int:
         """When the score is known under `policy`: later by the audio's inference if it weighs the audio."""
@@ -214,7 +217,29 @@ async def _partial(
         score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
-    return transcript, Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause)
+    raw = (
+        score
+        if score is None or not llm.turn_head
+        else await _raw_score(llm, messages, last, transcript.text)
+    )
+    scored = Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause, raw_score=raw)
+    return transcript, scored
+
+
+async def _raw_score(
+    llm: LocalLLM, messages: Sequence[Message], last: Scored | None, text: str
+) -> float | None:
+    """The raw score beside the head's (untimed: only the head's decides in the session; the words are
+    cached, so it costs one id's forward)."""
+    if last is not None and last.text == text and last.raw_score is not None:
+        return last.raw_score
+    return await llm.end_of_turn_probability(messages, learned=False)
+
+
+def raw_scores(rec: Recording) -> Recording:
+    """The recording with the raw scores in place of the head's: the session without its head."""
+    scored = [dataclasses.replace(s, score=s.raw_score) if s.raw_score is not None else s for s in rec.scored]
+    return dataclasses.replace(rec, scored=scored)
 
 
 def _last_voiced_by_frame(clip: Clip) -> list[int]:

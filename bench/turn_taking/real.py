@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.turn_taking.clips import Clip
-from bench.turn_taking.ours import Recording, Scored
+from bench.turn_taking.ours import Recording, Scored, raw_scores
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT
 from bench.turn_taking.report import Outcome
 from bench.turn_taking.systems import (
     BASELINE_MS,
+    RAW_WORDS,
     WITH_AUDIO,
     WORDS,
     log,
@@ -261,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         "words + Smart Turn 0.25": our_outcomes(recordings, WITH_AUDIO, held=True),
         "words + Smart Turn 0.25, no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
+    if any(s.raw_score is not None for r in recordings for s in r.scored):  # the head scored
+        outcomes["raw score, no head"] = our_outcomes(
+            [raw_scores(r) for r in recordings], RAW_WORDS, held=True
+        )
     if not args.skip_pipecat:
         outcomes["Pipecat 1.14 Smart Turn v3.2"], _ = pipecat_outcomes(clips)
     args.out.parent.mkdir(parents=True, exist_ok=True)

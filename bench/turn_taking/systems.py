@@ -25,6 +25,9 @@ BASELINE_MS = 320
 # The score of the words alone, and fused with Smart Turn's audio probability (turn_taking.fused_score)
 WORDS = TurnTakingOptions(audio_weight=0.0)
 WITH_AUDIO = TurnTakingOptions(audio_weight=0.25, audio_bias=2.0)
+# The model's raw score without its trained head (LocalLLM turn_head=False), under the thresholds that were
+# the defaults for it until the head (2026-12-06)
+RAW_WORDS = TurnTakingOptions(complete_score=0.4, incomplete_score=0.01, early_complete_score=0.6)
 
 
 def log(message: str) -> None:
@@ -40,7 +43,9 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
     system_prompt = SessionOptions().system_prompt
 
     settings = Settings()
-    template = LocalLLM(load_local_engine(settings), turn_score_model=settings.turn_score_model)
+    template = LocalLLM(
+        load_local_engine(settings), turn_score_model=settings.turn_score_model, turn_head=settings.turn_head
+    )
     await template.prefill([{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}])
     from voiceagent.recognizers import load_asr_model, new_recognizer
 

@@ -2,8 +2,9 @@
 
 `python -m bench.turn_taking.text_scores` scores written utterances (no audio, no recogniser) with the
 bundled pair, once on the draft's cache and once on the target's (`Conversation.end_of_turn_probability`'s
-`model`), through `LocalLLM.end_of_turn_probability` as the session scores a partial: the speech system
-prompt, the words without their final mark. Each line of a text file is an utterance, a "|" where a speaker
+`model`), and by each one's trained head where it has one (engine/turn_head.py), through
+`LocalLLM.end_of_turn_probability` as the session scores a partial: the speech system prompt, the words
+without their final mark. Each line of a text file is an utterance, a "|" where a speaker
 may pause: every prefix up to a "|" is an unfinished turn, the whole line a finished one. Two sets:
 `score_texts.txt` (written for this, used by nothing else) and the turn-taking clips' sentences
 (bench/turn_taking/clips.py, tuning and reported together). Nothing here tunes a threshold.
@@ -74,12 +75,14 @@ def summary(scores: np.ndarray, finished: np.ndarray) -> dict[str, float]:
     }
 
 
-async def scores_of(engine: Engine, model: ScoreModel, texts: list[str]) -> list[float]:
+async def scores_of(
+    engine: Engine, model: ScoreModel, texts: list[str], learned: bool = False
+) -> list[float]:
     """Each text's end-of-turn score, scored as the session scores a partial (`LocalLLM`), on one
-    conversation's cache of `model`."""
+    conversation's cache of `model`; `learned`: by that model's trained head (engine/turn_head.py)."""
     from voiceagent.session_options import SPEECH_SYSTEM_PROMPT
 
-    llm = LocalLLM(engine, turn_score_model=model)
+    llm = LocalLLM(engine, turn_score_model=model, turn_head=learned)
     scores = []
     for text in texts:
         messages = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": text}]
@@ -102,11 +105,13 @@ def main() -> None:
         finished = np.array([f for _, f in items])
         results[name] = {}
         for model in MODELS:
-            scores = asyncio.run(scores_of(engine, model, [text for text, _ in items]))
-            results[name][model] = summary(np.array(scores), finished)
-            n_done = int(finished.sum())
-            counts = f"{n_done} finished, {finished.size - n_done} not"
-            print(f"{name} ({counts}), {model}: {results[name][model]}", file=sys.stderr, flush=True)
+            for learned in (False, True) if model in engine.turn_heads else (False,):
+                scores = asyncio.run(scores_of(engine, model, [text for text, _ in items], learned))
+                label = f"{model} head" if learned else model
+                results[name][label] = summary(np.array(scores), finished)
+                n_done = int(finished.sum())
+                counts = f"{n_done} finished, {finished.size - n_done} not"
+                print(f"{name} ({counts}), {label}: {results[name][label]}", file=sys.stderr, flush=True)
     print(json.dumps(results))
 
 

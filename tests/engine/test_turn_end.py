@@ -39,10 +39,11 @@ def test_the_words_are_the_reply_prompt_cut_before_the_closing_id(pair: Engine) 
 
 @pytest.mark.parametrize("model", ["draft", "target"])
 def test_complete_questions_score_higher_than_incomplete_ones(pair: Engine, model: ScoreModel) -> None:
+    """The model's own score, without a trained head (engine/turn_head.py)."""
     conversation = pair.new_conversation()
     for incomplete, complete in PAIRS:
-        low = conversation.end_of_turn_probability(words_of(pair, incomplete), model=model)
-        high = conversation.end_of_turn_probability(words_of(pair, complete), model=model)
+        low = conversation.end_of_turn_probability(words_of(pair, incomplete), model=model, learned=False)
+        high = conversation.end_of_turn_probability(words_of(pair, complete), model=model, learned=False)
         assert low is not None and high is not None
         assert low < 0.01 < 0.03 < high, (incomplete, low, complete, high)
 
@@ -56,8 +57,10 @@ def test_the_message_may_end_after_a_mark(pair: Engine) -> None:
     assert cut < 0.01 < 0.5 < request
 
 
-@pytest.mark.parametrize("model", ["draft", "target"])
-def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine, model: ScoreModel) -> None:
+@pytest.mark.parametrize(("model", "learned"), [("draft", False), ("target", False), ("draft", True)])
+def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(
+    pair: Engine, model: ScoreModel, learned: bool
+) -> None:
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]
     question = "What's a good name for a black cat?"
     messages = [*history, {"role": "user", "content": question}]
@@ -70,7 +73,8 @@ def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(pair: Engine, m
     partial = ""
     for word in question.split():  # a partial per word, as the user speaks
         partial = f"{partial} {word}".strip()
-        assert scored.end_of_turn_probability(words_of(pair, partial, history), model=model) is not None
+        score = scored.end_of_turn_probability(words_of(pair, partial, history), model=model, learned=learned)
+        assert score is not None and 0.0 <= score <= 1.0
     words = words_of(pair, question, history)
     assert scored.tokens == words
     state = scored.target if model == "target" else scored.draft

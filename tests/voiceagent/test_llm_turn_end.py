@@ -30,8 +30,12 @@ def test_only_the_local_engine_scores_turns() -> None:
     assert not isinstance(RemoteLLM("http://127.0.0.1:9/v1"), TurnScoringLLM)
 
 
-def test_a_finished_question_scores_above_a_cut_one_whatever_its_final_mark(pair: Engine) -> None:
-    llm = LocalLLM(pair)
+@pytest.mark.parametrize("learned", [False, True])
+def test_a_finished_question_scores_above_a_cut_one_whatever_its_final_mark(
+    pair: Engine, learned: bool
+) -> None:
+    """The model's own score (learned False) and its trained head's (engine/turn_head.py)."""
+    llm = LocalLLM(pair, turn_head=learned)
 
     async def score(texts: list[str]) -> list[float | None]:
         return [await llm.end_of_turn_probability(said(text)) for text in texts]
@@ -41,7 +45,10 @@ def test_a_finished_question_scores_above_a_cut_one_whatever_its_final_mark(pair
         "What is the capital of France?", "what is the capital of france", "...",
     ]))  # fmt: skip
     assert None not in (cut, cut_with_a_stop, finished, unpunctuated)
-    assert max(cut or 0, cut_with_a_stop or 0) < 0.01 < 0.03 < min(finished or 0, unpunctuated or 0)
+    if learned:  # its own scale: a cut one below the policy's incomplete side, a finished one above
+        assert max(cut or 0, cut_with_a_stop or 0) < 0.1 < 0.5 < min(finished or 0, unpunctuated or 0)
+    else:
+        assert max(cut or 0, cut_with_a_stop or 0) < 0.01 < 0.03 < min(finished or 0, unpunctuated or 0)
     assert no_words is None
 
 
