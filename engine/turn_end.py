@@ -143,7 +143,6 @@ def end_of_turn_probability(
     log_probs = logits[0].float().log_softmax(dim=-1)  # [V]: what follows the words
     probs = log_probs.exp()
     if head is not None:  # a trained head reads the same distribution (engine/turn_head.py)
-        state.valid = n_words
         return head.probability(log_probs, raw_score(probs, marks))
     score = float(probs[marks.end_of_turn_id])
     for group in marks.mark_ids:

@@ -6,13 +6,13 @@ expects more words ("Can you recommend a good book" -> "... for beginners") give
 (bench/turn_taking/train_head.py, on bench/turn_taking/turn_corpus.txt): from the log-probabilities of K
 ids after the words (the ids the model spreads its mass over at such places: "?", "for", "the", "and",
 the end-of-turn id) and the raw score's logit, it says where utterances end. Its weights are folded over
-the standardisation, so scoring is one gather and one dot product over K + 1 numbers (~10 us):
+the standardisation, so scoring is one gather and one dot product over K + 1 numbers (~15 us here):
 
     P(complete) = sigmoid(w . [log P(ids | words), logit(raw score)] + b)
 
 A head belongs to one model (engine/turn_heads/<bundled name>.json; `for_model`), whatever backend or
-quantisation runs it: it was trained on the native backend's logits, and rounding moves them far less
-than the features' spread. The raw score is still computed (the head's last feature).
+quantisation runs it: it was trained on the native backend's logits, and the tests score it on the ggml
+backend's. The raw score is still computed (the head's last feature).
 
 Shapes: V = vocabulary, K = the head's ids.
 """

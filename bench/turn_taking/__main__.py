@@ -164,9 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "score + Smart Turn (defaults), no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
     chosen_both = {"words": chosen, "words + Smart Turn": chosen_audio}
-    if any(
-        s.raw_score is not None for r in recordings for s in r.scored
-    ):  # the head scored: the raw beside it
+    head_scored = any(s.raw_score is not None for r in recordings for s in r.scored)  # the raw beside it
+    if head_scored:
         raw_reported = [raw_scores(r) for r in reported]
         chosen_both["raw score, no head"] = chosen_raw = tuned(
             tune, [raw_scores(r) for r in tuning], RAW_WORDS

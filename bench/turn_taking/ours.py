@@ -217,11 +217,9 @@ async def _partial(
         score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
     score_s = time.perf_counter() - started
     known_ns = heard_until_ns + int((asr_s + score_s) * 1e9)
-    raw = (
-        score
-        if score is None or not llm.turn_head
-        else await _raw_score(llm, messages, last, transcript.text)
-    )
+    raw = None  # recorded only where the head scores: the score itself otherwise
+    if llm.turn_head and score is not None:
+        raw = await _raw_score(llm, messages, last, transcript.text)
     scored = Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause, raw_score=raw)
     return transcript, scored
 
