@@ -35,6 +35,7 @@ from engine.state import (  # re-exported: the engine's types and its prefill sc
     Model,
     ModelState,
     prefill_state,
+    shared_prefix_length,
 )
 from engine.turn_head import TurnHead
 
@@ -211,11 +212,7 @@ class Conversation:
 
     def reuse_prefix(self, prompt: list[int]) -> int:
         """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""
-        shared = 0
-        for old, new in zip(self.tokens, prompt, strict=False):
-            if old != new:
-                break
-            shared += 1
+        shared = shared_prefix_length(self.tokens, prompt)
         self.tokens = list(prompt)
         for state in self.states:
             # The last prompt id is always fed again: its logits start the first block.

@@ -69,6 +69,16 @@ class ModelState:
         return cls(model, cache, static=static)
 
 
+def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many ids `a` and `b` share from their start: what a cache of one keeps for the other."""
+    shared = 0
+    for old, new in zip(a, b, strict=False):
+        if old != new:
+            break
+        shared += 1
+    return shared
+
+
 def prefill_state(state: ModelState, tokens: list[int], leave: int = 1) -> None:
     """Feeds the ids the state has not cached yet, all but the last `leave` (>= 1: the last id's logits
     start the first block, which may as well carry a few more ids than that)."""

@@ -144,12 +144,12 @@ def end_of_turn_probability(
     probs = log_probs.exp()
     if head is not None:  # a trained head reads the same distribution (engine/turn_head.py)
         return head.probability(log_probs, raw_score(probs, marks))
+    if after_mark_power == 0 or n_words + 1 >= conv.max_seq_len:  # no forward past the words
+        return raw_score(probs, marks)
     score = float(probs[marks.end_of_turn_id])
     for group in marks.mark_ids:
         mark_probability = float(probs[list(group)].sum())
-        if after_mark_power == 0 or n_words + 1 >= conv.max_seq_len:
-            score += mark_probability
-        elif mark_probability >= MIN_MARK_PROBABILITY:
+        if mark_probability >= MIN_MARK_PROBABILITY:
             after = _after_mark(state, n_words, group[0], marks.end_of_turn_id)
             score += mark_probability * after**after_mark_power
     state.valid = n_words  # the marks are rolled back: the next feed at n_words overwrites them

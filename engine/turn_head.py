@@ -33,7 +33,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from engine.turn_end import TurnMarks
 
-__all__ = ["HEADS", "LOG_FLOOR", "TurnHead", "for_model", "raw_score"]
+__all__ = ["HEADS", "LOG_FLOOR", "TurnHead", "for_model", "logit", "raw_score"]
 
 HEADS = Path(__file__).parent / "turn_heads"
 _EDGE = 1e-6  # probabilities are kept this far from 0 and 1 before taking logits
@@ -48,7 +48,8 @@ def raw_score(probs: Tensor, marks: TurnMarks) -> float:
     return min(1.0, score)
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
+    """log(p / (1 - p)), p kept 1e-6 from 0 and 1."""
     p = min(max(p, _EDGE), 1.0 - _EDGE)
     return math.log(p / (1.0 - p))
 
@@ -85,7 +86,7 @@ class TurnHead:
                 f"this turn head scores ids up to {int(self.ids.max())}, the model has {log_probs.shape[-1]}"
             )
         chosen = log_probs[self.ids].clamp_min(LOG_FLOOR)  # [K]
-        z = float(chosen @ self.weights) + self.raw_weight * _logit(raw) + self.bias
+        z = float(chosen @ self.weights) + self.raw_weight * logit(raw) + self.bias
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
     @classmethod

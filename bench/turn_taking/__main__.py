@@ -34,7 +34,7 @@ import numpy as np
 
 from bench.turn_taking import report
 from bench.turn_taking.clips import Clip, build_clips, with_noise
-from bench.turn_taking.ours import Recording, raw_scores, replay
+from bench.turn_taking.ours import Recording, head_scored, raw_scores, replay
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT
 from bench.turn_taking.report import ClassFigures, Outcome
 from bench.turn_taking.systems import (
@@ -164,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "score + Smart Turn (defaults), no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
     chosen_both = {"words": chosen, "words + Smart Turn": chosen_audio}
-    head_scored = any(s.raw_score is not None for r in recordings for s in r.scored)  # the raw beside it
-    if head_scored:
+    if head_scored(recordings):
         raw_reported = [raw_scores(r) for r in reported]
         chosen_both["raw score, no head"] = chosen_raw = tuned(
             tune, [raw_scores(r) for r in tuning], RAW_WORDS

@@ -234,6 +234,11 @@ async def _raw_score(
     return await llm.end_of_turn_probability(messages, learned=False)
 
 
+def head_scored(recordings: list[Recording]) -> bool:
+    """Whether a trained head scored these recordings (and the raw score was recorded beside it)."""
+    return any(s.raw_score is not None for r in recordings for s in r.scored)
+
+
 def raw_scores(rec: Recording) -> Recording:
     """The recording with the raw scores in place of the head's: the session without its head."""
     scored = [dataclasses.replace(s, score=s.raw_score) if s.raw_score is not None else s for s in rec.scored]

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.turn_taking.clips import Clip
-from bench.turn_taking.ours import Recording, Scored, raw_scores
+from bench.turn_taking.ours import Recording, Scored, head_scored, raw_scores
 from bench.turn_taking.pipecat_env import PIPECAT_REQUIREMENT
 from bench.turn_taking.report import Outcome
 from bench.turn_taking.systems import (
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "words + Smart Turn 0.25": our_outcomes(recordings, WITH_AUDIO, held=True),
         "words + Smart Turn 0.25, no compute delay": our_outcomes(instant, WITH_AUDIO, held=True),
     }
-    if any(s.raw_score is not None for r in recordings for s in r.scored):  # the head scored
+    if head_scored(recordings):
         outcomes["raw score, no head"] = our_outcomes(
             [raw_scores(r) for r in recordings], RAW_WORDS, held=True
         )

@@ -103,14 +103,14 @@ def main() -> None:
     for name, lines in sets.items():
         items = utterances(lines)
         finished = np.array([f for _, f in items])
+        n_done = int(finished.sum())
+        counts = f"{n_done} finished, {finished.size - n_done} not"
         results[name] = {}
         for model in MODELS:
             for learned in (False, True) if model in engine.turn_heads else (False,):
                 scores = asyncio.run(scores_of(engine, model, [text for text, _ in items], learned))
                 label = f"{model} head" if learned else model
                 results[name][label] = summary(np.array(scores), finished)
-                n_done = int(finished.sum())
-                counts = f"{n_done} finished, {finished.size - n_done} not"
                 print(f"{name} ({counts}), {label}: {results[name][label]}", file=sys.stderr, flush=True)
     print(json.dumps(results))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import sys
@@ -34,14 +33,15 @@ import torch
 
 from bench.turn_taking.corpus import CORPUS
 from bench.turn_taking.text_scores import auc
+from engine.state import shared_prefix_length
 from engine.turn_end import turn_marks, user_words
-from engine.turn_head import HEADS, LOG_FLOOR, TurnHead, raw_score
+from engine.turn_head import HEADS, LOG_FLOOR, TurnHead, logit, raw_score
+from voiceagent.llm import END_MARKS
 
 if TYPE_CHECKING:
     from engine import Engine
     from engine.state import ModelState
 
-END_MARKS = " \t\n.,;:!?\u2026"  # as voiceagent.llm.END_MARKS (engine code may not import voiceagent)
 N_IDS = 1024  # ids whose log-probabilities are features
 SAMPLE_FOR_IDS = 300  # utterances whose mean next-token distribution picks them
 L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
@@ -92,7 +92,7 @@ class Scorer:
         longest = max(prompts, key=len)
         inside = [i for i, p in enumerate(prompts) if longest[: len(p)] == p]
         first = min(len(prompts[i]) for i in inside) - 1  # the earliest position whose logits we need
-        start = min(first, _shared(self.cached, longest))
+        start = min(first, shared_prefix_length(self.cached, longest))
         logits = self.state.feed(longest[start:], start, len(longest) - first)  # [len - first, V]
         assert logits is not None
         self.cached = longest
@@ -101,21 +101,12 @@ class Scorer:
             out[i] = rows[len(prompts[i]) - 1 - first]
         for i, prompt in enumerate(prompts):
             if out[i] is None:  # not a prefix of the longest in ids: its own forward
-                start = min(len(prompt) - 1, _shared(self.cached, prompt))
+                start = min(len(prompt) - 1, shared_prefix_length(self.cached, prompt))
                 single = self.state.feed(prompt[start:], start, "last")
                 assert single is not None
                 self.cached = prompt
                 out[i] = single[0].float().log_softmax(dim=-1)
         return torch.stack([row for row in out if row is not None])
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def pick_ids(scorer: Scorer, utterances: list[str], protected: list[int]) -> list[int]:
@@ -143,7 +134,7 @@ def features(
             rows = scorer.log_probs([p for p, _ in items])
             for row, (_, label) in zip(rows, items, strict=True):
                 xs.append(
-                    np.append(row[index].clamp_min(LOG_FLOOR).numpy(), _logit(raw_score(row.exp(), marks)))
+                    np.append(row[index].clamp_min(LOG_FLOOR).numpy(), logit(raw_score(row.exp(), marks)))
                 )
                 ys.append(label)
                 groups.append(n)
@@ -153,11 +144,6 @@ def features(
                 f"features: {n + 1}/{len(utterances)} utterances ({rate:.1f}/s)", file=sys.stderr, flush=True
             )
     return np.array(xs, dtype=np.float32), np.array(ys), np.array(groups)
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
 
 
 def fit(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
