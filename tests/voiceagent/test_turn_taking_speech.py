@@ -74,7 +74,10 @@ def test_okay_over_the_reply_resumes_it(pipeline: Pipeline, tmp_path: Path) -> N
     events = [r["event"] for r in records]
     assert "turn.paused" in events, events
     resumed = [r for r in records if r["event"] == "turn.resumed"]
-    assert resumed and resumed[0]["reason"] in ("backchannel", "no words"), resumed
+    # Resumed on the final ("backchannel", "no words"), or, where the final of "Okay." comes more than
+    # `resume_after_ms` after its start (a loaded CPU: CI's fresh clone once), on the timeout: the issue's
+    # "no real words within ~1 s". Either way the reply goes on, and the late final is not answered (below).
+    assert resumed and resumed[0]["reason"] in ("backchannel", "no words", "no words in time"), resumed
     assert "turn.interrupted" not in events
     answered = {r["turn"] for r in records if r["event"] == "llm.first_block"}
     assert len(answered) == 1, answered  # the story, not the "Okay."
