@@ -160,10 +160,15 @@ class FakeEdge:
 
 
 class FakeEndpointer:
-    """Speech is any frame whose peak exceeds `level`; speech ends after `end_frames` quiet frames."""
+    """Speech is any frame whose peak exceeds `level`; speech ends after `end_frames` quiet frames.
+    `silence_lag_frames`: the silence is reported that many frames after the quiet tail starts (Silero's lag
+    behind the level over a noise floor)."""
 
-    def __init__(self, level: int = 1000, end_frames: int = 10, frame_ns: int = 20_000_000) -> None:
+    def __init__(
+        self, level: int = 1000, end_frames: int = 10, frame_ns: int = 20_000_000, silence_lag_frames: int = 0
+    ) -> None:
         self.level, self.end_frames, self.frame_ns = level, end_frames, frame_ns
+        self.silence_lag_frames = silence_lag_frames
         self._speaking, self._quiet, self._last_voiced_end = False, 0, 0
         self.guarded = False
         self.waits: list[tuple[int, bool | None]] = []  # each set_end_silence_ms: (ms, from_quiet)
@@ -187,12 +192,19 @@ class FakeEndpointer:
         return self._speaking
 
     def silence_ms(self) -> float:
+        silent_frames = max(0, self._quiet - self.silence_lag_frames)
+        return silent_frames * self.frame_ns / 1e6 if self._speaking else 0.0
+
+    def quiet_ms(self) -> float:
         return self._quiet * self.frame_ns / 1e6 if self._speaking else 0.0
 
     def set_guard(self, active: bool) -> None:
         self.guarded = active
 
     def last_voiced_ns(self) -> int:
+        return self._last_voiced_end
+
+    def last_loud_ns(self) -> int:  # no level of its own: every voiced frame is loud
         return self._last_voiced_end
 
     def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None:

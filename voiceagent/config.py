@@ -25,8 +25,10 @@
     while the latest words are not scored yet; VOICEAGENT_TURN_HEARD_SLACK_MS (80): how far before the last
     voiced chunk a partial's audio may end and still count as hearing every word; VOICEAGENT_TURN_DIGITS_WAIT
     (1: words ending in a digit, a number being dictated, wait as incomplete);
-    VOICEAGENT_TURN_EARLY_COMPLETE_SCORE (0.6): the score a partial that heard less than
+    VOICEAGENT_TURN_EARLY_COMPLETE_SCORE (0.5): the score a partial that heard less than
     VOICEAGENT_TURN_SETTLED_SILENCE_MS (100) of silence after the words needs to end the turn quickly;
+    VOICEAGENT_TURN_PAUSE_QUIET_MS (32): the pause partial also starts after this much quiet audio, ahead
+    of Silero's first silent chunk (0: on Silero's alone; voiceagent/partials.py);
     VOICEAGENT_TURN_AUDIO_WEIGHT (0: the words alone) and VOICEAGENT_TURN_AUDIO_BIAS (2.0): how much Smart
     Turn's probability from the sound of the turn moves the words' score (voiceagent/turn_taking.py).
     VOICEAGENT_HOST, VOICEAGENT_PORT: where `voiceagent serve` listens (127.0.0.1:8000).
@@ -116,7 +118,9 @@ class Settings(BaseSettings):
     turn_heard_slack_ms: int = Field(80, ge=0, le=500)
     turn_digits_wait: bool = True
     turn_settled_silence_ms: int = Field(100, ge=0, le=1000)
-    turn_early_complete_score: float = Field(0.6, gt=0, le=1)
+    turn_early_complete_score: float = Field(0.5, gt=0, le=1)
+    # The pause partial on the quiet tail too (0: on Silero's silence only).
+    turn_pause_quiet_ms: int = Field(32, ge=0, le=1000)
     # Smart Turn v3.2's audio probability beside the text score (voiceagent/smart_turn.py; 0: words alone).
     turn_audio_weight: float = Field(0.0, ge=0, le=1)
     turn_audio_bias: float = Field(2.0, ge=-10, le=10)

@@ -75,9 +75,11 @@ class ScoredEndpointing:
         The wait of finished words (`complete_silence_ms`) only confirms that the sound stopped, and counts
         from where the audio went quiet (`Endpointer.quiet_ms`, ~96 ms ahead of Silero's silence over a
         noise floor); the longer ones are guesses at a pause's length and budgets for a partial's decode
-        and score, tuned on Silero's silence, and count from it."""
+        and score, tuned on Silero's silence, and count from it. Whether a scored partial heard every word
+        and how much silence it heard after them are judged from the same quiet tail's start
+        (`last_loud_ns`): the pause partial may start on it (SessionOptions.pause_quiet_ms)."""
         if self.wait is not None and self.options is not None:
-            wait = self.wait.wait_ms(self.endpointer.last_voiced_ns(), scoring=scoring)
+            wait = self.wait.wait_ms(self.endpointer.last_loud_ns(), scoring=scoring)
             from_quiet = wait <= self.options.complete_silence_ms
             self.endpointer.set_end_silence_ms(wait, from_quiet=from_quiet)
 
@@ -104,7 +106,7 @@ class ScoredEndpointing:
         if score is not None:
             self._scored_words, self._score = words, score
         fused = self.wait.scored(score, heard_until_ns, text=messages[-1]["content"], audio_score=audio_score)
-        wait = self.wait.wait_ms(self.endpointer.last_voiced_ns())
+        wait = self.wait.wait_ms(self.endpointer.last_loud_ns())
         ms = (self.clock.now_ns() - started) / 1e6
         self.trace.write(
             TURN_SCORE, turn, score=score, ms=ms, wait_ms=wait, audio_score=audio_score, fused=fused,

@@ -11,6 +11,9 @@ would hear nothing new. One partial at a time: `PartialSchedule` only says which
 is in flight; one that was due while another ran starts as soon as that returns, and counts for every
 pause stage its silence has passed. A partial that returned in the silence having heard every word, and
 started the reply, stands in for the first pause partial (voiceagent/session.py), not for the late one.
+With `pause_quiet_ms` set, the first pause partial also starts once the audio has been quiet that long
+(`Endpointer.quiet_ms`: the level fell to the noise floor, ~96 ms ahead of Silero's silence over a
+microphone's noise), so its score can come sooner; the pause lasts until the audio is loud again.
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ PartialKind = Literal["regular", "pause"]
 class PartialSchedule:
     """One session's partial schedule (see the module docstring); times in ns, silences in ms."""
 
-    def __init__(self, partial_every_ms: int, pause_ms: int, late_pause_ms: int = 0) -> None:
+    def __init__(
+        self, partial_every_ms: int, pause_ms: int, late_pause_ms: int = 0, pause_quiet_ms: int = 0
+    ) -> None:
         if late_pause_ms and late_pause_ms <= pause_ms:
             raise ValueError(f"late_pause_ms ({late_pause_ms}) must exceed pause_ms ({pause_ms}), or be 0")
-        self.partial_every_ms, self.pause_ms = partial_every_ms, pause_ms
+        if pause_quiet_ms < 0:
+            raise ValueError(f"pause_quiet_ms must be >= 0 (0: none), got {pause_quiet_ms}")
+        self.partial_every_ms, self.pause_ms, self.pause_quiet_ms = partial_every_ms, pause_ms, pause_quiet_ms
         self._stages = (pause_ms, late_pause_ms) if late_pause_ms else (pause_ms,)
         self.start_utterance(0)
 
@@ -44,15 +51,19 @@ class PartialSchedule:
         """The user is silent and a pause partial was started (or stood in for) in this silence."""
         return self._stages_done > 0
 
-    def due(self, t_ns: int, silence_ms: float, busy: bool, heard: bool = False) -> PartialKind | None:
-        """The partial to start at the frame of `t_ns` (`silence_ms`: the endpointer's; `busy`: a partial
-        is in flight), or None. `heard`: the last partial heard every word said and a reply runs on it,
-        so the first pause partial would add nothing but a decode beside that reply's prefill: there is
-        none (the late one is still due)."""
-        if silence_ms == 0.0:
+    def due(
+        self, t_ns: int, silence_ms: float, busy: bool, heard: bool = False, quiet_ms: float = 0.0
+    ) -> PartialKind | None:
+        """The partial to start at the frame of `t_ns` (`silence_ms`, `quiet_ms`: the endpointer's; `busy`:
+        a partial is in flight), or None. `heard`: the last partial heard every word said and a reply runs
+        on it, so the first pause partial would add nothing but a decode beside that reply's prefill: there
+        is none (the late one is still due)."""
+        if not self.silent(silence_ms, quiet_ms):
             self._stages_done = 0
-        if silence_ms > 0.0:
+        else:
             passed = sum(1 for stage in self._stages if silence_ms >= stage)
+            if self.pause_quiet_ms and quiet_ms >= self.pause_quiet_ms:
+                passed = max(passed, 1)
             if busy or passed <= self._stages_done:
                 return None
             stands_in = heard and self._stages_done == 0  # for the first pause partial only
@@ -62,6 +73,15 @@ class PartialSchedule:
             return None
         self._last_ns = t_ns
         return "regular"
+
+    def silent(self, silence_ms: float, quiet_ms: float = 0.0) -> bool:
+        """The user is silent: Silero's silence, or with `pause_quiet_ms` a quiet tail that reached it or a
+        pause partial started on it (until the audio is loud again). False: they spoke on."""
+        if silence_ms > 0.0:
+            return True
+        if not self.pause_quiet_ms or quiet_ms == 0.0:
+            return False
+        return quiet_ms >= self.pause_quiet_ms or self._stages_done > 0
 
 
 def final_trailing_ms(end_ns: int, speech_end_ns: int, stood_in_ns: int | None = None) -> float:

@@ -117,12 +117,13 @@ class Pipeline:
             self.template_llm = llm
 
     def new_session(self, clock: Clock, trace: Trace, options: SessionOptions | None = None) -> Session:
-        """A session on the shared models; its end-of-turn policy comes from the settings (VOICEAGENT_TURN_*)
-        unless `options` turned it off (turn_taking None)."""
+        """A session on the shared models; its end-of-turn policy comes from the settings (VOICEAGENT_TURN_*,
+        the pause partial's quiet start among them) unless `options` turned it off (turn_taking None)."""
         options = options or SessionOptions(output_rate=self.settings.output_rate)
         if options.turn_taking is not None:
             turn_taking = TurnTakingOptions.from_settings(self.settings) if self.settings.turn_score else None
-            options = dataclasses.replace(options, turn_taking=turn_taking)
+            quiet_ms = self.settings.turn_pause_quiet_ms
+            options = dataclasses.replace(options, turn_taking=turn_taking, pause_quiet_ms=quiet_ms)
         return Session(
             endpointer=Endpointer(VadOptions(end_silence_ms=self.settings.end_silence_ms), self.silero),
             recognizer=new_recognizer(self.settings.asr_model),

@@ -118,7 +118,10 @@ class Session:
         # final has its audio; then they go to it as the next utterance's pre-roll.
         self._after_end: list[np.ndarray] | None = None
         self.partials = PartialSchedule(
-            self.options.partial_every_ms, self.options.pause_ms, self.options.late_pause_ms
+            self.options.partial_every_ms,
+            self.options.pause_ms,
+            self.options.late_pause_ms,
+            self.options.pause_quiet_ms,
         )
         self._reply: asyncio.Task[None] | None = None
         self._first_out: set[int] = set()
@@ -182,11 +185,12 @@ class Session:
 
     def _schedule_partial(self, t: int) -> None:
         """The partial due now (voiceagent/partials.py), in a task of its own."""
-        silence_ms = self.endpointer.silence_ms()
-        if silence_ms == 0.0:  # the user spoke on: a reply guessed at a pause is stale
-            self._drop_preemption("speech resumed")
+        silence_ms, quiet_ms = self.endpointer.silence_ms(), self.endpointer.quiet_ms()
+        if not self.partials.silent(silence_ms, quiet_ms):  # the user spoke on: a reply guessed at a pause
+            self._drop_preemption("speech resumed")  # is stale
         heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # a stand-in (partials.py)
-        kind = self.partials.due(t, silence_ms, busy=self._decoding is not None, heard=heard)
+        busy = self._decoding is not None
+        kind = self.partials.due(t, silence_ms, busy=busy, heard=heard, quiet_ms=quiet_ms)
         if kind is not None:
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
 

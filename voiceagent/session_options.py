@@ -26,6 +26,9 @@ class SessionOptions:
     # voiceagent/partials.py). Both below the shortest end-of-turn wait.
     pause_ms: int = 32
     late_pause_ms: int = 128
+    # The first pause partial also starts once the audio has been this quiet this long (the endpointer's
+    # quiet tail, ahead of Silero's silence over a noise floor; 0: only on Silero's silence).
+    pause_quiet_ms: int = 32
     preemptive_reply: bool = True  # start the reply on that partial, before speech_end
     speak_ahead: bool = True  # and render that reply's first phrase before it is adopted
     prefill_while_speaking: bool = True  # feed the stable words to the draft model as they come

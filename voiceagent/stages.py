@@ -31,9 +31,13 @@ class EndpointerLike(Protocol):
 
     def silence_ms(self) -> float: ...  # while speaking: how long the user has been silent
 
+    def quiet_ms(self) -> float: ...  # while speaking: how long the audio has been quiet (>= silence_ms)
+
     def set_guard(self, active: bool) -> None: ...
 
     def last_voiced_ns(self) -> int: ...  # the end of the last voiced audio
+
+    def last_loud_ns(self) -> int: ...  # the end of the last voiced audio that was also loud
 
     # the silence that ends speech, from now on (`from_quiet`: counted from the quiet tail's start)
     def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None: ...

@@ -11,12 +11,16 @@ wait follows it:
   then end the turn anyway (they may have finished after all).
 - in between: a wait between the two, log-linear in the score.
 - a score from a partial that heard less than `settled_silence_ms` (100) of silence after the words (the
-  pause partial at the first silent chunk) ends the turn after `complete_silence_ms` only at or above
-  `early_complete_score` (0.6); between the two scores the wait is at least `pending_silence_ms`, time
+  first pause partial, at 32 ms of quiet) ends the turn after `complete_silence_ms` only at or above
+  `early_complete_score` (0.5); between the two scores the wait is at least `pending_silence_ms`, time
   for the late pause partial (voiceagent/partials.py), which hears the silence and often a mark it
   implies ("Pack a toothbrush a towel" becomes "Pack a toothbrush, a towel,"), to be decoded and
   scored. A recogniser that has heard little silence misreads more, and a misread fragment may look
-  finished ("Call me Mercandlier of heaven." 0.51, for "Call me back on zero seven ..." paused in).
+  finished ("Call me Mercandlier of heaven." 0.51, for "Call me back on zero seven ..." paused in). 0.6
+  until 2026-12-06; 0.5 with the pause partial on the quiet tail ended finished questions in ~140 ms p50
+  instead of ~270 (bench/results/2026-12-06-cpu-xeon-amx-167-turn-taking-quiet.md).
+- the words' end, for the two rules above and the next: where the level fell (`Endpointer.last_loud_ns`),
+  which Silero's voiced chunks overrun by ~100 ms over a microphone's noise.
 - words heard after the scored ones (the user spoke on after the partial's audio, by more than
   `heard_slack_ms`, 80): never less than `pending_silence_ms` (500), long enough for the partial at the
   pause and its score to arrive, since a finished-looking fragment ("I'd like a pizza" ... "and") must
@@ -67,7 +71,7 @@ class TurnTakingOptions:
     # A partial that heard less silence than this after the words must score early_complete_score to end
     # the turn quickly (see the module docstring).
     settled_silence_ms: int = 100
-    early_complete_score: float = 0.6
+    early_complete_score: float = 0.5
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
     # Smart Turn's audio probability beside the text score (`fused_score`); 0: the words alone.
     audio_weight: float = 0.0
@@ -214,7 +218,10 @@ class EndOfTurnWait:
             self._no_words_until_ns = heard_until_ns
 
     def wait_ms(self, last_voiced_ns: int, scoring: bool = False) -> int:
-        """The silence that ends the turn, given the endpointer's `last_voiced_ns()`. `scoring`: a partial
+        """The silence that ends the turn, given where the words heard so far end (`last_voiced_ns`: the
+        session passes the endpointer's `last_loud_ns()`, where the quiet tail starts: over a microphone's
+        noise Silero's voiced chunks run on ~100 ms past the words, and a pause partial that started on the
+        quiet tail would otherwise never have heard them all nor settled). `scoring`: a partial
         is being decoded or scored now. A wait raised to `pending_silence_ms` only to let a coming score
         arrive is then held at `incomplete_silence_ms` until it does: on a loaded CPU a decode and its
         score can take longer than the pending wait (bench/results/2026-12-03-cpu-xeon-amx-held-wait.md),

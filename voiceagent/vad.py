@@ -186,6 +186,11 @@ class Endpointer:
         gap_ms = (self._pending_start_ns - self._last_loud_end_ns) / 1e6
         return gap_ms if gap_ms >= CHUNK_MS / 2 else 0.0
 
+    def last_loud_ns(self) -> int:
+        """The end of the last voiced chunk that was also loud (where the quiet tail starts): where the words
+        of the current (or last) speech end by their level; Silero's voiced chunks may run on past it."""
+        return self._last_loud_end_ns
+
     def last_voiced_ns(self) -> int:
         """The end of the last voiced chunk of the current (or last) speech: a partial transcript whose
         audio reaches this far heard every word said so far."""

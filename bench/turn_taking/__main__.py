@@ -111,6 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         help="pink noise at this RMS level (e.g. -50) under every clip, both systems",
     )
+    parser.add_argument(
+        "--pause-quiet-ms",
+        type=int,
+        help="start the first pause partial after this much quiet too (default: the session's, "
+        "VOICEAGENT_TURN_PAUSE_QUIET_MS; 0: on Silero's silence alone)",
+    )
     parser.add_argument("--limit", type=int, default=0, help="at most this many clips per class and subset")
     parser.add_argument("--dump", type=Path, help="write every clip's partials, scores and turn ends here")
     parser.add_argument(
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         clips = [c for c in clips if kept.setdefault((c.kind, c.subset), 0) < args.limit and _keep(kept, c)]
     tune = [c for c in clips if c.subset == "tune"]
     shown = [c for c in clips if c.subset == "report"]
-    recordings = recordings_of(clips, args.recordings)
+    recordings = recordings_of(clips, args.recordings, args.pause_quiet_ms)
     reported = [r for r in recordings if r.clip.subset == "report"]
     tuning = [r for r in recordings if r.clip.subset == "tune"]
     chosen = tuned(tune, tuning, WORDS)

@@ -3,9 +3,10 @@
 `record` streams a clip frame by frame through `Endpointer` (Silero VAD), the session's recogniser
 (VOICEAGENT_ASR_MODEL) and `LocalLLM.end_of_turn_probability` (VOICEAGENT_TURN_SCORE_MODEL), on the session's
 schedule (`PartialSchedule` with `SessionOptions`' times: a partial every 300 ms while the user speaks, pause
-partials at 32 and 128 ms of silence, the first not while a reply runs on a regular partial that returned in
-the silence having heard every word, as in the session), each partial's whole guess (`Transcript.text`)
-scored at once (the same words as the last partial's keep its score, as in the session).
+partials at 32 ms of quiet or silence and at 128 ms of silence, the first not while a reply runs on a
+regular partial that returned in the silence having heard every word, as in the session), each partial's
+whole guess (`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in
+the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
@@ -49,6 +50,7 @@ FRAME_NS = 20_000_000
 PARTIAL_EVERY_MS = SessionOptions().partial_every_ms
 PAUSE_MS = SessionOptions().pause_ms
 LATE_PAUSE_MS = SessionOptions().late_pause_ms
+PAUSE_QUIET_MS = SessionOptions().pause_quiet_ms
 NEVER_MS = 60_000
 
 
@@ -111,16 +113,17 @@ async def record(
     llm: LocalLLM,
     system_prompt: str,
     turn_audio: TurnAudioModel | None = None,
+    pause_quiet_ms: int = PAUSE_QUIET_MS,
 ) -> Recording:
     """The clip through the real components (see the module docstring); `turn_audio` (Smart Turn) also
-    scores each scored partial's audio."""
+    scores each scored partial's audio; `pause_quiet_ms`, the schedule's (SessionOptions')."""
     rec = Recording(clip)
     endpointer = Endpointer(
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
     )  # type: ignore[arg-type]
     voiced_until = _last_voiced_by_frame(clip)
-    schedule = PartialSchedule(PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS)
-    reply = _StandIn()
+    schedule = PartialSchedule(PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS, pause_quiet_ms)
+    reply = _StandIn(schedule)
     busy_until_ns = 0
     for i, frame in enumerate(frames(_audio(clip.path))):
         t = i * FRAME_NS
@@ -132,9 +135,9 @@ async def record(
                 start_utterance(recognizer, over_reply=clip.kind == "backchannel")  # as the session does
         if rec.speech_start_ns is None:
             continue
-        silence_ms = endpointer.silence_ms()
-        heard = reply.update(t, silence_ms, endpointer.last_voiced_ns())
-        kind = schedule.due(t, silence_ms, busy=t < busy_until_ns, heard=heard)
+        silence_ms, quiet_ms = endpointer.silence_ms(), endpointer.quiet_ms()
+        heard = reply.update(t, silence_ms, quiet_ms, endpointer.last_voiced_ns())
+        kind = schedule.due(t, silence_ms, busy=t < busy_until_ns, heard=heard, quiet_ms=quiet_ms)
         if kind is None:
             continue
         last = rec.scored[-1] if rec.scored else None
@@ -162,16 +165,17 @@ class _StandIn:
     speaks on. While it runs on a partial that still heard every word, the first pause partial is not
     decoded."""
 
-    def __init__(self) -> None:
+    def __init__(self, schedule: PartialSchedule) -> None:
+        self.schedule = schedule
         self._returning: Scored | None = None
         self._heard_until_ns: int | None = None
 
     def returned(self, scored: Scored) -> None:
         self._returning = None if scored.skipped or not scored.text.strip() else scored
 
-    def update(self, t_ns: int, silence_ms: float, last_voiced_ns: int) -> bool:
+    def update(self, t_ns: int, silence_ms: float, quiet_ms: float, last_voiced_ns: int) -> bool:
         """At the frame of `t_ns`: whether a reply runs on a partial that heard every word said."""
-        if silence_ms == 0.0:
+        if not self.schedule.silent(silence_ms, quiet_ms):  # spoke on: the session drops the reply
             self._heard_until_ns = None
         returning = self._returning
         if returning is not None and returning.known_ns <= t_ns:
@@ -289,7 +293,7 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
             n_known += 1
         if wait is not None and endpointer.speaking():  # as `ScoredEndpointing.before_frame`
             scoring = any(s.heard_until_ns - FRAME_NS < t < s.known_under(options) for s in pending)
-            ms = wait.wait_ms(endpointer.last_voiced_ns(), scoring=scoring)
+            ms = wait.wait_ms(endpointer.last_loud_ns(), scoring=scoring)
             endpointer.set_end_silence_ms(ms, from_quiet=ms <= wait.options.complete_silence_ms)
         for edge in endpointer.push(frame, t):
             if edge.kind == "speech_start" and start_ns is None:

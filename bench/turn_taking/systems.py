@@ -34,7 +34,9 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def record_all(clips: list[Clip]) -> list[Recording]:
+async def record_all(clips: list[Clip], pause_quiet_ms: int | None = None) -> list[Recording]:
+    """Every clip through our components (ours.record); `pause_quiet_ms`: the partial schedule's (None:
+    the session's, VOICEAGENT_TURN_PAUSE_QUIET_MS)."""
     from voiceagent.config import Settings
     from voiceagent.llm import LocalLLM, load_local_engine
     from voiceagent.session import SessionOptions
@@ -55,7 +57,9 @@ async def record_all(clips: list[Clip]) -> list[Recording]:
     recordings: list[Recording] = []
     for n, clip in enumerate(clips, start=1):
         llm = template.fork()  # as each session forks the pipeline's warmed template
-        recordings.append(await record(clip, new_recognizer(asr_model), llm, system_prompt, turn_audio))
+        quiet = settings.turn_pause_quiet_ms if pause_quiet_ms is None else pause_quiet_ms
+        recognizer = new_recognizer(asr_model)
+        recordings.append(await record(clip, recognizer, llm, system_prompt, turn_audio, quiet))
         log(f"ours: {n}/{len(clips)} {clip.name}")
     return recordings
 
@@ -139,11 +143,11 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-def recordings_of(clips: list[Clip], kept: Path | None) -> list[Recording]:
+def recordings_of(clips: list[Clip], kept: Path | None, pause_quiet_ms: int | None = None) -> list[Recording]:
     """The clips' recordings: reused from `kept` if it exists, else recorded (and kept there if given)."""
     if kept is not None and kept.exists():
         return load_recordings(kept, clips)
-    recordings = asyncio.run(record_all(clips))
+    recordings = asyncio.run(record_all(clips, pause_quiet_ms))
     if kept is not None:
         save_recordings(kept, recordings)
     return recordings

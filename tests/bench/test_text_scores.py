@@ -20,11 +20,11 @@ def test_the_clip_sentences_hold_no_backchannels() -> None:
 
 
 def test_a_summary_counts_finished_scores_against_the_unfinished_ones() -> None:
-    scores = np.array([0.9, 0.5, 0.05, 0.001, 0.2])
+    scores = np.array([0.9, 0.45, 0.05, 0.001, 0.2])
     finished = np.array([True, True, True, False, False])
     figures = summary(scores, finished)
     assert figures["auc"] == round((1 + 1 + 0.5) / 3, 3)  # 0.05 beats 0.001, not 0.2
-    assert figures["finished_at_complete_score"] == round(2 / 3, 3)  # 0.9 and 0.5 reach 0.4
+    assert figures["finished_at_complete_score"] == round(2 / 3, 3)  # 0.9 and 0.45 reach 0.4
     assert figures["finished_at_early_score"] == round(1 / 3, 3)
     assert figures["unfinished_waiting_1s"] == 0.5  # 0.001 waits 2 s, 0.2 far less
     assert figures["finished_above_all_unfinished"] == round(2 / 3, 3)

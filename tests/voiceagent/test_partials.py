@@ -99,3 +99,29 @@ def test_a_reply_on_the_first_pause_partial_does_not_stand_in_for_the_late_one()
     assert schedule.due(420 * MS, 32.0, busy=False) == "pause"
     # A reply now runs on that pause partial (it heard every word): the late one is still due.
     assert schedule.due(520 * MS, 128.0, busy=False, heard=True) == "pause"
+
+
+def test_the_quiet_tail_starts_the_first_pause_partial_before_silero_hears_silence() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128, pause_quiet_ms=32)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(340 * MS, 0.0, busy=False, quiet_ms=16.0) is None  # a closure's worth: not yet
+    assert schedule.due(360 * MS, 0.0, busy=False, quiet_ms=32.0) == "pause"  # Silero still hears voice
+    assert schedule.paused and schedule.silent(0.0, quiet_ms=64.0)
+    assert schedule.due(420 * MS, 32.0, busy=False, quiet_ms=96.0) is None  # Silero's first: already done
+    assert schedule.due(600 * MS, 0.0, busy=False, quiet_ms=272.0) is None  # no regular one while quiet
+    assert schedule.due(620 * MS, 128.0, busy=False, quiet_ms=292.0) == "pause"  # the late one as before
+    assert not schedule.silent(0.0, quiet_ms=0.0)  # loud again: the user spoke on
+    assert schedule.due(940 * MS, 0.0, busy=False) == "regular"
+    assert not schedule.paused
+
+
+def test_without_pause_quiet_ms_the_quiet_tail_starts_nothing() -> None:
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert schedule.due(360 * MS, 0.0, busy=False, quiet_ms=96.0) is None
+    assert not schedule.silent(0.0, quiet_ms=96.0)
+    assert schedule.due(400 * MS, 32.0, busy=False, quiet_ms=128.0) == "pause"
+    with pytest.raises(ValueError, match="pause_quiet_ms"):
+        PartialSchedule(partial_every_ms=300, pause_ms=32, pause_quiet_ms=-1)

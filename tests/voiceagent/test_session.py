@@ -286,6 +286,29 @@ def test_speaking_on_after_a_pause_drops_the_preemptive_reply() -> None:
     assert sent_phrases(h) == ["Hi,", "nice", "to", "meet", "you."]  # one reply, spoken once
 
 
+def test_the_quiet_tail_starts_the_pause_partial_and_the_reply_before_silero_hears_silence() -> None:
+    """With `pause_quiet_ms`, the pause partial starts once the audio has been quiet that long, while the
+    endpointer's silence (Silero's, here 5 frames behind) still reads 0; the reply it starts is not taken
+    for stale ("speech resumed") while the audio stays quiet, and is kept at speech_end."""
+
+    async def scenario(h: Harness) -> None:
+        h.session.endpointer.silence_lag_frames = 5  # type: ignore[attr-defined]
+        await h.frames(LOUD, 40)
+        await h.frames(QUIET, 3)  # 60 ms quiet, no silence yet
+        assert h.session.endpointer.silence_ms() == 0.0
+        await h.settle(lambda: "llm.preemptive_start" in _events(h))
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    options = SessionOptions(pause_quiet_ms=40, late_pause_ms=0)
+    h = run(scenario, options=options)
+    partials = [r for r in h.trace.records if r["event"] == "asr.partial"]
+    assert partials[-1]["pause"] is True
+    assert "llm.preemptive_cancel" not in _events(h)
+    assert _record(h, "llm.first_block")["preemptive"] is True
+    assert len(h.of(TurnEnded)) == 1 and len(h.llm.histories) == 1
+
+
 def test_a_final_transcript_that_differs_restarts_the_reply() -> None:
     async def scenario(h: Harness) -> None:
         await h.frames(LOUD, 20)  # the fake hears one word per 10 frames: the pause partial has two

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from voiceagent.config import Settings
+from voiceagent.session_options import SessionOptions
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, end_silence_ms, fused_score
 
 OPTIONS = TurnTakingOptions()
@@ -30,6 +31,10 @@ def test_settings_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOICEAGENT_END_SILENCE_MS", "400")
     options = TurnTakingOptions.from_settings(Settings())
     assert end_silence_ms(1.0, options) == 90 and end_silence_ms(None, options) == 400
+    # the pause partial's quiet start (Pipeline.new_session): the setting's default is the session's
+    assert Settings().turn_pause_quiet_ms == SessionOptions().pause_quiet_ms == 32
+    monkeypatch.setenv("VOICEAGENT_TURN_PAUSE_QUIET_MS", "0")
+    assert Settings().turn_pause_quiet_ms == 0
 
 
 def test_bad_options_and_scores_are_clear_errors() -> None:
@@ -93,13 +98,13 @@ def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn
     ms = 1_000_000
     last_voiced = 2_000 * ms
     wait = EndOfTurnWait()
-    wait.scored(0.5, heard_until_ns=last_voiced + 40 * ms, text="Call me Mercandlier of heaven.")
+    wait.scored(0.45, heard_until_ns=last_voiced + 40 * ms, text="Call me Mercandlier of heaven.")
     assert wait.wait_ms(last_voiced) == OPTIONS.pending_silence_ms  # heard 40 ms of silence: not settled
     wait.scored(0.9, heard_until_ns=last_voiced + 40 * ms, text="What is the capital of France?")
     assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms  # sure enough at once
-    wait.scored(0.5, heard_until_ns=last_voiced + 140 * ms, text="Play some relaxing music.")
+    wait.scored(0.45, heard_until_ns=last_voiced + 140 * ms, text="Play some relaxing music.")
     assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms  # the late partial heard the silence
-    assert OPTIONS.complete_score <= 0.5 < OPTIONS.early_complete_score
+    assert OPTIONS.complete_score <= 0.45 < OPTIONS.early_complete_score
     with pytest.raises(ValueError, match="early_complete_score"):
         TurnTakingOptions(complete_score=0.5, early_complete_score=0.4)
 
@@ -115,7 +120,7 @@ def test_a_wait_for_a_coming_score_is_held_while_a_partial_decodes() -> None:
     assert wait.wait_ms(1_980 * ms, scoring=True) == OPTIONS.complete_silence_ms  # heard it all: no hold
     assert wait.wait_ms(2_500 * ms, scoring=True) == OPTIONS.incomplete_silence_ms  # words came after it
     assert wait.wait_ms(2_500 * ms, scoring=False) == OPTIONS.pending_silence_ms
-    wait.scored(0.5, heard_until_ns=3_000 * ms)  # finished-looking, but heard little silence (unsettled)
+    wait.scored(0.45, heard_until_ns=3_000 * ms)  # finished-looking, but heard little silence (unsettled)
     assert wait.wait_ms(2_990 * ms, scoring=True) == OPTIONS.incomplete_silence_ms
     assert wait.wait_ms(2_990 * ms, scoring=False) == OPTIONS.pending_silence_ms
     wait.scored(0.02, heard_until_ns=4_000 * ms)  # a graded wait longer than the pending one: as it is

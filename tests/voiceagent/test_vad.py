@@ -208,6 +208,7 @@ def _quiet_lead_ms(endpointer: Endpointer, audio: np.ndarray) -> float:
         endpointer.push(frame, i * FRAME_NS)
         silence_ms, quiet_ms = endpointer.silence_ms(), endpointer.quiet_ms()
         assert quiet_ms >= silence_ms
+        assert endpointer.last_loud_ns() <= endpointer.last_voiced_ns()  # the words end no later by level
         if silence_ms > 0.0 and not silent:
             lead = quiet_ms - silence_ms
         silent = silence_ms > 0.0
@@ -228,7 +229,10 @@ def test_the_quiet_tail_leads_silero_s_silence_at_the_end_of_speech(
         if noise_dbfs is not None:
             audio += rng.normal(0.0, 32768 * 10 ** (noise_dbfs / 20), audio.shape)
         pcm = np.clip(audio, -32768, 32767).astype(np.int16)
-        assert _quiet_lead_ms(Endpointer(VadOptions(end_silence_ms=60_000)), pcm) >= least_lead_ms
+        endpointer = Endpointer(VadOptions(end_silence_ms=60_000))
+        assert _quiet_lead_ms(endpointer, pcm) >= least_lead_ms
+        # where the words end by their level: as far ahead of Silero's last voiced chunk
+        assert endpointer.last_voiced_ns() - endpointer.last_loud_ns() >= least_lead_ms * 1_000_000
 
 
 def test_loud_noise_is_never_quiet(speech: list[np.ndarray]) -> None:
