@@ -217,8 +217,8 @@ class EndOfTurnWait:
         if self._score is None:
             self._no_words_until_ns = heard_until_ns
 
-    def wait_ms(self, last_voiced_ns: int, scoring: bool = False) -> int:
-        """The silence that ends the turn, given where the words heard so far end (`last_voiced_ns`: the
+    def wait_ms(self, words_end_ns: int, scoring: bool = False) -> int:
+        """The silence that ends the turn, given where the words heard so far end (`words_end_ns`: the
         session passes the endpointer's `last_loud_ns()`, where the quiet tail starts: over a microphone's
         noise Silero's voiced chunks run on ~100 ms past the words, and a pause partial that started on the
         quiet tail would otherwise never have heard them all nor settled). `scoring`: a partial
@@ -226,24 +226,24 @@ class EndOfTurnWait:
         arrive is then held at `incomplete_silence_ms` until it does: on a loaded CPU a decode and its
         score can take longer than the pending wait (bench/results/2026-12-03-cpu-xeon-amx-held-wait.md),
         and ending the turn without the score cut off pauses that it would have kept."""
-        wait, awaiting = self._wait_ms(last_voiced_ns)
+        wait, awaiting = self._wait_ms(words_end_ns)
         if scoring and awaiting:
             return max(wait, self.options.incomplete_silence_ms)
         return wait
 
-    def _wait_ms(self, last_voiced_ns: int) -> tuple[int, bool]:
+    def _wait_ms(self, words_end_ns: int) -> tuple[int, bool]:
         """The wait, and whether it only waits for a score to come (the pending wait)."""
         options = self.options
         if self._score is None:
             silent = self._no_words_until_ns
-            if silent is not None and heard_all(silent, last_voiced_ns, options):
+            if silent is not None and heard_all(silent, words_end_ns, options):
                 return options.incomplete_silence_ms, False
             if self._unscorable:
                 return options.fallback_silence_ms, False
             return options.pending_silence_ms, True
-        heard = heard_all(self._heard_until_ns, last_voiced_ns, options)
+        heard = heard_all(self._heard_until_ns, words_end_ns, options)
         wait = end_silence_ms(self._score, options)
-        settled = self._heard_until_ns - last_voiced_ns >= options.settled_silence_ms * 1_000_000
+        settled = self._heard_until_ns - words_end_ns >= options.settled_silence_ms * 1_000_000
         unsettled = not settled and options.complete_score <= self._score < options.early_complete_score
         if (not heard or unsettled) and wait < options.pending_silence_ms:
             return options.pending_silence_ms, True

@@ -50,7 +50,6 @@ FRAME_NS = 20_000_000
 PARTIAL_EVERY_MS = SessionOptions().partial_every_ms
 PAUSE_MS = SessionOptions().pause_ms
 LATE_PAUSE_MS = SessionOptions().late_pause_ms
-PAUSE_QUIET_MS = SessionOptions().pause_quiet_ms
 NEVER_MS = 60_000
 
 
@@ -113,10 +112,12 @@ async def record(
     llm: LocalLLM,
     system_prompt: str,
     turn_audio: TurnAudioModel | None = None,
-    pause_quiet_ms: int = PAUSE_QUIET_MS,
+    *,
+    pause_quiet_ms: int,
 ) -> Recording:
     """The clip through the real components (see the module docstring); `turn_audio` (Smart Turn) also
-    scores each scored partial's audio; `pause_quiet_ms`, the schedule's (SessionOptions')."""
+    scores each scored partial's audio; `pause_quiet_ms`, the schedule's quiet start (the session's is
+    VOICEAGENT_TURN_PAUSE_QUIET_MS)."""
     rec = Recording(clip)
     endpointer = Endpointer(
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)

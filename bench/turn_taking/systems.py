@@ -55,11 +55,13 @@ async def record_all(clips: list[Clip], pause_quiet_ms: int | None = None) -> li
     load_asr_model(asr_model)
     turn_audio = SmartTurn()  # every scored partial's audio, so both policies replay from one recording
     recordings: list[Recording] = []
+    quiet_ms = settings.turn_pause_quiet_ms if pause_quiet_ms is None else pause_quiet_ms
     for n, clip in enumerate(clips, start=1):
         llm = template.fork()  # as each session forks the pipeline's warmed template
-        quiet = settings.turn_pause_quiet_ms if pause_quiet_ms is None else pause_quiet_ms
         recognizer = new_recognizer(asr_model)
-        recordings.append(await record(clip, recognizer, llm, system_prompt, turn_audio, quiet))
+        recordings.append(
+            await record(clip, recognizer, llm, system_prompt, turn_audio, pause_quiet_ms=quiet_ms)
+        )
         log(f"ours: {n}/{len(clips)} {clip.name}")
     return recordings
 

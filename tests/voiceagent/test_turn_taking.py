@@ -48,23 +48,23 @@ def test_bad_options_and_scores_are_clear_errors() -> None:
 
 def test_an_utterance_waits_for_its_score_and_a_stale_score_cannot_end_it_quickly() -> None:
     wait = EndOfTurnWait()
-    assert wait.wait_ms(last_voiced_ns=1_000) == OPTIONS.pending_silence_ms  # nothing scored yet
+    assert wait.wait_ms(words_end_ns=1_000) == OPTIONS.pending_silence_ms  # nothing scored yet
     wait.scored(0.9, heard_until_ns=2_000_000_000)
-    assert wait.wait_ms(last_voiced_ns=1_980_000_000) == OPTIONS.complete_silence_ms  # it heard every word
-    assert wait.wait_ms(last_voiced_ns=2_500_000_000) == OPTIONS.pending_silence_ms  # words came after it
+    assert wait.wait_ms(words_end_ns=1_980_000_000) == OPTIONS.complete_silence_ms  # it heard every word
+    assert wait.wait_ms(words_end_ns=2_500_000_000) == OPTIONS.pending_silence_ms  # words came after it
     wait.scored(None, heard_until_ns=3_000_000_000)  # the engine was busy: the earlier score stands
-    assert wait.wait_ms(last_voiced_ns=1_980_000_000) == OPTIONS.complete_silence_ms
+    assert wait.wait_ms(words_end_ns=1_980_000_000) == OPTIONS.complete_silence_ms
     wait.start_utterance()
     wait.scored(None, heard_until_ns=4_000)
-    assert wait.wait_ms(last_voiced_ns=3_900) == OPTIONS.fallback_silence_ms  # no score to be had
+    assert wait.wait_ms(words_end_ns=3_900) == OPTIONS.fallback_silence_ms  # no score to be had
 
 
 def test_a_number_being_dictated_waits_as_if_incomplete() -> None:
     wait = EndOfTurnWait()
     wait.scored(0.6, heard_until_ns=2_000, text="Call me back on 0 7")
-    assert wait.wait_ms(last_voiced_ns=1_900) == OPTIONS.incomplete_silence_ms
+    assert wait.wait_ms(words_end_ns=1_900) == OPTIONS.incomplete_silence_ms
     wait.scored(0.6, heard_until_ns=3_000, text="Call me back on 07912 please.")
-    assert wait.wait_ms(last_voiced_ns=2_900) == OPTIONS.complete_silence_ms
+    assert wait.wait_ms(words_end_ns=2_900) == OPTIONS.complete_silence_ms
 
 
 def test_digits_spelled_as_words_wait_as_a_number_being_dictated() -> None:
@@ -73,11 +73,11 @@ def test_digits_spelled_as_words_wait_as_a_number_being_dictated() -> None:
     for text in ("Call me back on zero, seven.", "My account number is three, one, eight,", "My PIN is 4 7"):
         wait.start_utterance()
         wait.scored(0.9, heard_until_ns=10_000, text=text)
-        assert wait.wait_ms(last_voiced_ns=9_000) == OPTIONS.incomplete_silence_ms, text
+        assert wait.wait_ms(words_end_ns=9_000) == OPTIONS.incomplete_silence_ms, text
     for text in ("Is it done?", "What is two plus two", "Set an alarm for 7."):  # no number dictated
         wait.start_utterance()
         wait.scored(0.9, heard_until_ns=10_000, text=text)
-        assert wait.wait_ms(last_voiced_ns=9_000) == OPTIONS.complete_silence_ms, text
+        assert wait.wait_ms(words_end_ns=9_000) == OPTIONS.complete_silence_ms, text
 
 
 def test_a_partial_that_heard_no_words_keeps_the_turn_open() -> None:
@@ -85,11 +85,11 @@ def test_a_partial_that_heard_no_words_keeps_the_turn_open() -> None:
     answered, so the turn waits as if incomplete (not the pending wait), until words are scored."""
     wait = EndOfTurnWait()
     wait.heard_no_words(heard_until_ns=1_000_000_000)
-    assert wait.wait_ms(last_voiced_ns=990_000_000) == OPTIONS.incomplete_silence_ms
-    assert wait.wait_ms(last_voiced_ns=1_500_000_000) == OPTIONS.pending_silence_ms  # spoke on since
+    assert wait.wait_ms(words_end_ns=990_000_000) == OPTIONS.incomplete_silence_ms
+    assert wait.wait_ms(words_end_ns=1_500_000_000) == OPTIONS.pending_silence_ms  # spoke on since
     wait.scored(0.9, heard_until_ns=2_000_000_000, text="Hello there")
     wait.heard_no_words(heard_until_ns=2_100_000_000)  # words were scored: an empty pass changes nothing
-    assert wait.wait_ms(last_voiced_ns=1_990_000_000) == OPTIONS.complete_silence_ms
+    assert wait.wait_ms(words_end_ns=1_990_000_000) == OPTIONS.complete_silence_ms
 
 
 def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn_quickly() -> None:
@@ -149,10 +149,10 @@ def test_the_wait_follows_the_fused_score() -> None:
     wait = EndOfTurnWait(weighed)
     fused = wait.scored(0.3, heard_until_ns=10**9, text="can you recommend a good book", audio_score=0.99)
     assert fused is not None and fused >= weighed.complete_score
-    assert wait.wait_ms(last_voiced_ns=10**9 - 200_000_000) == weighed.complete_silence_ms
+    assert wait.wait_ms(words_end_ns=10**9 - 200_000_000) == weighed.complete_silence_ms
     words_only = EndOfTurnWait(TurnTakingOptions())
     assert words_only.scored(0.3, 10**9, "can you recommend a good book", audio_score=0.99) == 0.3
-    assert words_only.wait_ms(last_voiced_ns=10**9 - 200_000_000) > weighed.complete_silence_ms
+    assert words_only.wait_ms(words_end_ns=10**9 - 200_000_000) > weighed.complete_silence_ms
     # Dictated digits still wait, whatever the voice did.
     assert wait.scored(0.9, 10**9, "call me back on zero seven", audio_score=0.99) == weighed.incomplete_score
 
