@@ -57,11 +57,14 @@ FINAL_CONTEXT_S = 1.0  # the final pass hears the stable words of this long befo
 class Transcript:
     """A partial result: `stable` is the prefix two consecutive passes agreed on; `text`, the whole guess;
     `audio`, the utterance's audio the pass heard ([n] float32 16 kHz; None: not kept), for a model that
-    hears how the turn sounds (voiceagent/smart_turn.py)."""
+    hears how the turn sounds (voiceagent/smart_turn.py); `confidence`, the least probability the
+    recogniser gave a token of the pass (None: it does not say), which the turn-taking policy reads
+    (voiceagent/turn_taking.py `unsure_probability`)."""
 
     stable: str
     text: str
     audio: np.ndarray | None = field(default=None, compare=False, repr=False)
+    confidence: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -84,10 +84,15 @@ class ScoredEndpointing:
             self.endpointer.set_end_silence_ms(wait, from_quiet=from_quiet)
 
     async def score(
-        self, turn: int, messages: Sequence[Message], heard_until_ns: int, audio: np.ndarray | None = None
+        self,
+        turn: int,
+        messages: Sequence[Message],
+        heard_until_ns: int,
+        audio: np.ndarray | None = None,
+        confidence: float | None = None,
     ) -> None:
         """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio; `audio`,
-        that audio, for the audio scorer)."""
+        that audio, for the audio scorer; `confidence`, the recogniser's least token probability in it)."""
         if self.scorer is None or self.wait is None:
             return
         if not messages[-1]["content"].strip():  # it heard every word said, and there was none
@@ -105,10 +110,11 @@ class ScoredEndpointing:
             score = await self.scorer.end_of_turn_probability(messages)
         if score is not None:
             self._scored_words, self._score = words, score
-        fused = self.wait.scored(score, heard_until_ns, text=messages[-1]["content"], audio_score=audio_score)
+        text = messages[-1]["content"]
+        fused = self.wait.scored(score, heard_until_ns, text, audio_score=audio_score, confidence=confidence)
         wait = self.wait.wait_ms(self.endpointer.last_loud_ns())
         ms = (self.clock.now_ns() - started) / 1e6
         self.trace.write(
             TURN_SCORE, turn, score=score, ms=ms, wait_ms=wait, audio_score=audio_score, fused=fused,
-            audio_ms=audio_ms if audio_score is not None else None,
+            audio_ms=audio_ms if audio_score is not None else None, confidence=confidence,
         )  # fmt: skip

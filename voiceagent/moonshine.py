@@ -57,6 +57,11 @@ PRE_ROLL_MS = 400.0
 FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
 
 
+def pick_probability(logits: np.ndarray) -> float:
+    """The softmax probability of the largest of `logits` [V]: how sure greedy decoding was of its pick."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
 class MoonshineModel:
     """The encoder and the merged decoder (with KV cache), and the tokenizer. Thread-safe for decoding."""
 
@@ -79,10 +84,17 @@ class MoonshineModel:
     def heard_tokens(self, audio: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
         """audio: [n] float32 at 16 kHz -> the greedy token ids of its text (none for too little audio).
         `draft`: the tokens an earlier pass heard, checked all at once (see `greedy_tokens`)."""
+        return self.heard(audio, draft)[0]
+
+    def heard(self, audio: np.ndarray, draft: Sequence[int] = ()) -> tuple[list[int], float | None]:
+        """As `heard_tokens`, with the decoder's confidence in them: the least probability it gave any of
+        its picks (None: no tokens)."""
         if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
-            return []
+            return [], None
         max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
-        return self.greedy_tokens(self.encode(audio), max_tokens, draft)
+        picked: list[float] = []
+        tokens = self.greedy_tokens(self.encode(audio), max_tokens, draft, picked)
+        return tokens, (min(picked) if picked else None)
 
     def text_of(self, tokens: Sequence[int]) -> str:
         """Token ids -> text, with repetition loops undone."""
@@ -94,7 +106,13 @@ class MoonshineModel:
         assert audio.ndim == 1 and audio.size >= MIN_AUDIO_S * SAMPLE_RATE, audio.shape
         return self.encoder.run(None, {"input_values": audio[np.newaxis, :].astype(np.float32)})[0]
 
-    def greedy_tokens(self, hidden: np.ndarray, max_tokens: int, draft: Sequence[int] = ()) -> list[int]:
+    def greedy_tokens(
+        self,
+        hidden: np.ndarray,
+        max_tokens: int,
+        draft: Sequence[int] = (),
+        picked: list[float] | None = None,
+    ) -> list[int]:
         """The text's token ids, greedy, up to the end token or `max_tokens`.
 
         The first decoder call reads the start token and the whole `draft` at once (as one step costs: the
@@ -102,18 +120,25 @@ class MoonshineModel:
         draft is accepted up to its first token that is not the pick, the pick there is the bonus token, and
         the steps go on from it. The tokens are those of decoding without a draft (the logits of a batched
         call match a step's to ~2e-5), at the cost of one call plus a step per token after the accepted ones.
+        `picked`, if given, receives the probability of each token returned.
         """
         cache = self.empty_cache()
         draft = list(draft[:max_tokens])
-        picks = self.decode(hidden, cache, [START_TOKEN, *draft]).argmax(axis=-1)  # [len(draft) + 1]
+        logits = self.decode(hidden, cache, [START_TOKEN, *draft])  # [len(draft) + 1, V]
+        picks = logits.argmax(axis=-1)
         accepted = 0
         while accepted < len(draft) and draft[accepted] == picks[accepted] != END_TOKEN:
             accepted += 1
         self._keep_positions(cache, accepted + 1)  # the start token and the accepted ones
-        tokens, next_id = draft[:accepted], int(picks[accepted])
+        tokens, next_id, row = draft[:accepted], int(picks[accepted]), logits[accepted]
+        if picked is not None:
+            picked.extend(pick_probability(logits[i]) for i in range(accepted))
         while next_id != END_TOKEN and len(tokens) < max_tokens:
             tokens.append(next_id)
-            next_id = int(self.decode(hidden, cache, [next_id])[-1].argmax())
+            if picked is not None:
+                picked.append(pick_probability(row))
+            row = self.decode(hidden, cache, [next_id])[-1]
+            next_id = int(row.argmax())
         return tokens
 
     def empty_cache(self) -> dict[str, np.ndarray]:
@@ -186,7 +211,7 @@ class MoonshineRecognizer:
         """Decodes the whole utterance so far; returns the stable prefix and the whole current guess."""
         with self._decode_lock:
             audio = self._audio.snapshot()
-            self._draft = self.model.heard_tokens(audio, self._draft)
+            self._draft, confidence = self.model.heard(audio, self._draft)
             words = self._with_stable(words_of(self.model.text_of(self._draft)))
             keys, previous = [text_key(w) for w in words], [text_key(w) for w in self._previous]
             agreed = 0
@@ -195,7 +220,7 @@ class MoonshineRecognizer:
             if agreed > len(self._stable):
                 self._stable = words[:agreed]
             self._previous, self._last_end = words, audio.size
-            return Transcript("".join(self._stable).strip(), "".join(words).strip(), audio)
+            return Transcript("".join(self._stable).strip(), "".join(words).strip(), audio, confidence)
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         """The utterance's transcript (begins with the last stable text); ends the utterance."""

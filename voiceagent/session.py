@@ -59,6 +59,7 @@ from voiceagent.stages import (
     TurnAudioModel,
     VadEdgeLike,
     heard_audio,
+    heard_confidence,
     start_utterance,
 )
 from voiceagent.trace import (
@@ -338,7 +339,8 @@ class Session:
                 messages = self._with_user(transcript.text.strip())
                 await self.preemption.stop_other(turn, messages)  # the LLM is free to score new words
                 audio = heard_audio(transcript)
-                await self.endpointing.score(turn, messages, heard_until_ns=heard_until_ns, audio=audio)
+                confidence = heard_confidence(transcript)
+                await self.endpointing.score(turn, messages, heard_until_ns, audio, confidence)
             if turn == self.turn and self._utterance_open:
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
                 self.trace.write(

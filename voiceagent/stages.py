@@ -57,6 +57,12 @@ def heard_audio(transcript: TranscriptLike) -> np.ndarray | None:
     return audio if isinstance(audio, np.ndarray) and audio.size else None
 
 
+def heard_confidence(transcript: TranscriptLike) -> float | None:
+    """The recogniser's least token probability in a partial, where it says (`Transcript.confidence`)."""
+    confidence = getattr(transcript, "confidence", None)
+    return float(confidence) if isinstance(confidence, float | int) else None
+
+
 class TurnAudioModel(Protocol):
     """P(the turn is complete) from how the turn's audio so far sounds (voiceagent/smart_turn.py)."""
 

@@ -34,6 +34,15 @@ wait follows it:
 - a partial that heard every word said and found none (a breath, a cough, a first word too short to read
   yet): `incomplete_silence_ms` until words are scored. Nothing would be answered yet, and a pause just
   after the first word must not end the turn on the pending wait.
+- opt-in, words the recogniser was unsure of (a token of the partial it picked with a probability under
+  `unsure_probability`; Moonshine says, Whisper does not): at least `unsure_silence_ms` (1000). A misheard
+  pause reads as nonsense that may score finished ("Call me mcunzier of heaven." 0.46, for "Call me back
+  on zero seven ..." paused in, its least token probability 0.15-0.16), while finished questions heard
+  right held 0.35-0.93. Off (0) by default: at 0.25, over three recordings of the turn-taking clips, it
+  kept one list of the tuning clips whole but cut no fewer reported pauses, slowed the ends of misheard
+  sentences (pauses' waits 937 -> 1195 ms p50), and over -50 dBFS noise, where Moonshine is less sure of
+  every word, finished questions' (142 -> 178 ms p50;
+  bench/results/2026-12-06-cpu-xeon-amx-167-unsure-words.md).
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
@@ -73,6 +82,10 @@ class TurnTakingOptions:
     settled_silence_ms: int = 100
     early_complete_score: float = 0.5
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
+    # A partial with a token the recogniser picked at a probability below this waits at least
+    # unsure_silence_ms (0, the default: the rule is off).
+    unsure_probability: float = 0.0
+    unsure_silence_ms: int = 1000
     # Smart Turn's audio probability beside the text score (`fused_score`); 0: the words alone.
     audio_weight: float = 0.0
     audio_bias: float = 2.0  # the audio's logit that leaves the text score as it is (p 0.88)
@@ -84,12 +97,15 @@ class TurnTakingOptions:
                 f"got {self.incomplete_score}, {self.complete_score} and {self.early_complete_score}"
             )
         waits = (self.complete_silence_ms, self.pending_silence_ms, self.incomplete_silence_ms)
-        others = (waits[1], self.fallback_silence_ms, self.heard_slack_ms, self.settled_silence_ms)
+        others = (waits[1], self.fallback_silence_ms, self.heard_slack_ms, self.settled_silence_ms,
+                  self.unsure_silence_ms)  # fmt: skip
         if not 0 <= waits[0] <= waits[2] or min(others) < 0:
             raise ValueError(
                 "turn-taking waits need 0 <= complete_silence_ms <= incomplete_silence_ms and "
-                f"non-negative pending, fallback, slack and settled times, got {waits} and {others[1:]}"
+                f"non-negative pending, fallback, slack, settled and unsure times, got {waits}, {others[1:]}"
             )
+        if not 0.0 <= self.unsure_probability <= 1.0:
+            raise ValueError(f"turn-taking unsure_probability must be in [0, 1]: {self.unsure_probability}")
         if not 0.0 <= self.audio_weight <= 1.0 or not math.isfinite(self.audio_bias):
             raise ValueError(
                 f"turn-taking audio_weight must be in [0, 1] and audio_bias finite, got {self.audio_weight} "
@@ -111,6 +127,8 @@ class TurnTakingOptions:
             fallback_silence_ms=settings.end_silence_ms,
             audio_weight=settings.turn_audio_weight,
             audio_bias=settings.turn_audio_bias,
+            unsure_probability=settings.turn_unsure_probability,
+            unsure_silence_ms=settings.turn_unsure_silence_ms,
         )
 
 
@@ -192,15 +210,23 @@ class EndOfTurnWait:
         self._score: float | None = None
         self._heard_until_ns = -1
         self._unscorable = False
+        self._unsure = False  # the scored words hold one the recogniser was unsure of
         self._no_words_until_ns: int | None = None  # the audio end of a partial that heard no words
 
     def scored(
-        self, score: float | None, heard_until_ns: int, text: str = "", audio_score: float | None = None
+        self,
+        score: float | None,
+        heard_until_ns: int,
+        text: str = "",
+        audio_score: float | None = None,
+        confidence: float | None = None,
     ) -> float | None:
         """A partial's score: `heard_until_ns`, the end of the audio that partial decoded (the time of the
         last frame pushed before it started, plus the frame); `text`, the words scored (for `digits_wait`);
         `audio_score`, Smart Turn's probability on that audio (None: none), fused with the words' score
-        (`fused_score`). None (no score) keeps an earlier score. Returns the score the wait follows."""
+        (`fused_score`); `confidence`, the recogniser's least token probability in the partial (None: not
+        known; see `unsure_probability`). None (no score) keeps an earlier score. Returns the score the
+        wait follows."""
         if score is None:
             self._unscorable = self._score is None
             return None
@@ -209,6 +235,7 @@ class EndOfTurnWait:
         if self.options.digits_wait and ENDS_IN_DIGIT.search(text):
             score = min(score, self.options.incomplete_score)
         self._score, self._heard_until_ns, self._unscorable = score, heard_until_ns, False
+        self._unsure = confidence is not None and confidence < self.options.unsure_probability
         return score
 
     def heard_no_words(self, heard_until_ns: int) -> None:
@@ -247,4 +274,6 @@ class EndOfTurnWait:
         unsettled = not settled and options.complete_score <= self._score < options.early_complete_score
         if (not heard or unsettled) and wait < options.pending_silence_ms:
             return options.pending_silence_ms, True
+        if self._unsure:
+            wait = max(wait, options.unsure_silence_ms)
         return wait, False

@@ -42,7 +42,14 @@ from voiceagent.llm import LocalLLM
 from voiceagent.llm_types import Message
 from voiceagent.partials import PartialSchedule, words_ahead
 from voiceagent.session_options import SessionOptions
-from voiceagent.stages import RecognizerLike, TranscriptLike, TurnAudioModel, heard_audio, start_utterance
+from voiceagent.stages import (
+    RecognizerLike,
+    TranscriptLike,
+    TurnAudioModel,
+    heard_audio,
+    heard_confidence,
+    start_utterance,
+)
 from voiceagent.turn_taking import EndOfTurnWait, TurnTakingOptions, heard_all
 from voiceagent.vad import Endpointer, SileroVad, VadOptions, load_silero
 
@@ -69,6 +76,7 @@ class Scored:
     audio_score: float | None = None  # Smart Turn on the partial's audio (None: not run)
     audio_s: float = 0.0  # its time: a policy that weighs it knows the score this much after known_ns
     raw_score: float | None = None  # the model's own P(end | words) where `score` is its trained head's
+    confidence: float | None = None  # the recogniser's least token probability (None: it did not say)
 
     def known_under(self, policy: TurnTakingOptions) -> int:
         """When the score is known under `policy`: later by the audio's inference if it weighs the audio."""
@@ -225,7 +233,8 @@ async def _partial(
     raw = None  # recorded only where the head scores: the score itself otherwise
     if llm.turn_head and score is not None:
         raw = await _raw_score(llm, messages, last, transcript.text)
-    scored = Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause, raw_score=raw)
+    scored = Scored(known_ns, heard_until_ns, score, transcript.text, asr_s, score_s, pause, raw_score=raw,
+                    confidence=heard_confidence(transcript))  # fmt: skip
     return transcript, scored
 
 
@@ -288,7 +297,8 @@ def replay(rec: Recording, policy: TurnTakingOptions | int) -> TurnEnd:
             if known.skipped:  # as the session: these are not scored
                 pass
             elif known.text.strip():
-                wait.scored(known.score, known.heard_until_ns, known.text, audio_score=known.audio_score)
+                wait.scored(known.score, known.heard_until_ns, known.text, audio_score=known.audio_score,
+                            confidence=known.confidence)  # fmt: skip
             else:
                 wait.heard_no_words(known.heard_until_ns)
             n_known += 1

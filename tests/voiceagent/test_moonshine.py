@@ -169,6 +169,21 @@ def test_the_fast_path_hears_a_real_clip_as_the_reference_path_does() -> None:
     assert fast.transcribe(audio) == "He turned sharply and faced Gregson across the table."
 
 
+@pytest.mark.bundled
+def test_a_pass_says_how_sure_it_was_of_its_words() -> None:
+    """The least probability of a pass's picks: high for clear speech, the same with a draft (whose
+    batched logits match a step's), and low for sounds that are not words (the speech reversed)."""
+    model = load_moonshine()
+    audio = to_float(load_clips(("arctic-a0009",), log=lambda _: None)[0].audio)
+    tokens, confidence = model.heard(audio)
+    assert tokens == model.heard_tokens(audio) and confidence is not None and 0.25 < confidence <= 1.0
+    drafted, with_draft = model.heard(audio, tokens[:-2])
+    assert drafted == tokens and with_draft == pytest.approx(confidence, abs=1e-3)
+    garbled, unsure = model.heard(np.ascontiguousarray(audio[::-1]))
+    assert garbled and unsure is not None and unsure < confidence and unsure < 0.25
+    assert model.heard(audio[:100]) == ([], None)  # too little audio to hear anything
+
+
 class CountingDecoder:
     """Wraps an onnxruntime session: counts its runs."""
 
@@ -209,6 +224,9 @@ class ScriptedModel:
     def heard_tokens(self, audio: np.ndarray, draft: Any = ()) -> list[int]:
         return [len(audio)]
 
+    def heard(self, audio: np.ndarray, draft: Any = ()) -> tuple[list[int], float | None]:
+        return self.heard_tokens(audio, draft), 0.9
+
     def text_of(self, tokens: Any) -> str:
         return next(self.texts)
 
@@ -229,5 +247,6 @@ def test_a_pass_that_reads_the_stable_words_as_fewer_keeps_the_words_after_them(
         recognizer.push(np.zeros(320, dtype=np.int16))
     first = recognizer.decode_partial()
     assert first.stable == "" and first.audio is not None and first.audio.size == 60 * 320  # what it heard
+    assert first.confidence == 0.9  # the pass's own, for the turn-taking policy
     assert recognizer.decode_partial().stable == "Could you suggest a name for my new"
     assert recognizer.decode_partial().text == "Could you suggest a name for my new puppy?"

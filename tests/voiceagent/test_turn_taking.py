@@ -35,6 +35,11 @@ def test_settings_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().turn_pause_quiet_ms == SessionOptions().pause_quiet_ms == 32
     monkeypatch.setenv("VOICEAGENT_TURN_PAUSE_QUIET_MS", "0")
     assert Settings().turn_pause_quiet_ms == 0
+    assert TurnTakingOptions.from_settings(Settings()).unsure_probability == OPTIONS.unsure_probability == 0
+    monkeypatch.setenv("VOICEAGENT_TURN_UNSURE_PROBABILITY", "0.25")
+    monkeypatch.setenv("VOICEAGENT_TURN_UNSURE_SILENCE_MS", "700")
+    options = TurnTakingOptions.from_settings(Settings())
+    assert options.unsure_probability == 0.25 and options.unsure_silence_ms == 700
 
 
 def test_bad_options_and_scores_are_clear_errors() -> None:
@@ -107,6 +112,29 @@ def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn
     assert OPTIONS.complete_score <= 0.45 < OPTIONS.early_complete_score
     with pytest.raises(ValueError, match="early_complete_score"):
         TurnTakingOptions(complete_score=0.5, early_complete_score=0.4)
+
+
+def test_words_the_recogniser_was_unsure_of_never_end_the_turn_quickly() -> None:
+    """Opt-in: a misheard pause reads as nonsense that may score finished; below `unsure_probability` the
+    wait is at least `unsure_silence_ms`, whatever the score. A recogniser that does not say (None) and the
+    default (0: off) are as before."""
+    ms = 1_000_000
+    last_voiced = 2_000 * ms
+    heard = last_voiced + 140 * ms  # the late pause partial: settled
+    wait = EndOfTurnWait(TurnTakingOptions(unsure_probability=0.25))
+    wait.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.15)
+    assert wait.wait_ms(last_voiced) == OPTIONS.unsure_silence_ms >= 1000
+    wait.scored(0.46, heard, text="Call me back tomorrow.", confidence=0.8)
+    assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
+    wait.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=None)
+    assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
+    wait.scored(0.001, heard, text="Call me mcunzier of", confidence=0.1)  # a longer wait stands
+    assert wait.wait_ms(last_voiced) == OPTIONS.incomplete_silence_ms
+    off = EndOfTurnWait()
+    off.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.15)
+    assert off.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
+    with pytest.raises(ValueError, match="unsure_probability"):
+        TurnTakingOptions(unsure_probability=1.5)
 
 
 def test_a_wait_for_a_coming_score_is_held_while_a_partial_decodes() -> None:
