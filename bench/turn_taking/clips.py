@@ -14,6 +14,7 @@ dictated number, after the start of a question, after a verb); lists (a pause af
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -30,6 +31,14 @@ TRAIL_S = 3.6
 PAUSES_S = (0.5, 0.7, 0.9, 1.0)  # cycled over the clips of a class
 VOICES = ("piper", "espeak")
 LOUD = 300  # |sample| above this (about -40 dBFS) is speech, for the reference end of speech
+# Speech a piece between two of Piper's splice points holds at least, else the sentence is drawn again:
+# Piper pauses after a comma and draws its durations anew each time, so a prefix's length is only a guess
+# at the cut, and two cuts could fall in one comma's pause ("The colours are red, | green, | and blue."
+# lost "green," so until 2026-12-06: one pause of 2.2 s instead of two of ~1 s), or a piece hold one sound
+# ("I need eggs, | milk," cut inside "eggs": 0.12 s).
+MIN_PIECE_SPEECH_S = 0.2
+RENDER_ATTEMPTS = 8  # Piper draws its durations anew each time: a failed rendering is drawn again
+RENDER_VERSION = 6  # in the clips' key: clips rendered by an older `render` are rendered again
 
 TEXTS: dict[str, dict[str, list[str]]] = {
     "complete": {
@@ -116,7 +125,7 @@ Synthesize = Callable[[str], np.ndarray]  # text -> [n] int16 at 16 kHz
 
 
 def piper() -> Synthesize:
-    """The bundled Piper voice as text -> 16 kHz PCM16."""
+    """The bundled Piper voice as text -> 16 kHz PCM16 (each call draws its durations anew)."""
     from voiceagent.tts import load_synthesizer
 
     synthesizer = load_synthesizer("piper")
@@ -163,17 +172,40 @@ def _splice_point(whole: np.ndarray, expected: int) -> int:
     return int(lo + np.argmin(energy[lo:hi]))
 
 
+def _speech_s(audio: np.ndarray) -> float:
+    """How long `audio` is loud (|sample| > LOUD), from its first loud sample to its last."""
+    loud = np.flatnonzero(np.abs(audio.astype(np.int32)) > LOUD)
+    return float(loud[-1] - loud[0]) / SAMPLE_RATE if loud.size else 0.0
+
+
+class PieceWithoutSpeech(RuntimeError):
+    """`render` cut a sentence where a piece between two pauses is (nearly) silent."""
+
+
+def render_piper(
+    text: str, speak: Synthesize, pauses_s: list[float]
+) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """`render` drawn again (up to RENDER_ATTEMPTS times) until every piece holds speech."""
+    for _ in range(RENDER_ATTEMPTS - 1):
+        with contextlib.suppress(PieceWithoutSpeech):
+            return render(text, speak, pauses_s)
+    return render(text, speak, pauses_s)
+
+
 def render(
     text: str, speak: Synthesize, pauses_s: list[float]
 ) -> tuple[np.ndarray, list[tuple[float, float]]]:
     """The sentence with a pause at each "|" -> (audio [n] int16, pause intervals in the audio)."""
     parts = [p.strip() for p in text.split("|")]
     whole = _trim(speak(" ".join(parts)))
-    cuts = []
+    cuts: list[int] = []
     for i in range(1, len(parts)):
         before = _trim(speak(" ".join(parts[:i])))
         expected = len(before) - int(0.06 * SAMPLE_RATE)  # a phrase-final syllable is drawn out
         cuts.append(_splice_point(whole, max(expected, cuts[-1] + 1 if cuts else 1)))
+    for start, end in zip([0, *cuts], [*cuts, len(whole)], strict=True):
+        if _speech_s(whole[start:end]) < MIN_PIECE_SPEECH_S:
+            raise PieceWithoutSpeech(f"rendering {text!r}: a piece between two pauses holds no speech")
     pieces, pauses, at, previous = [np.zeros(int(LEAD_S * SAMPLE_RATE), np.int16)], [], LEAD_S, 0
     for cut, pause in zip(cuts, pauses_s, strict=False):
         pieces.append(whole[previous:cut])
@@ -187,7 +219,8 @@ def render(
 
 def build_clips(directory: Path, log: Callable[[str], None]) -> list[Clip]:
     """Every clip of TEXTS in every voice, rendered once into `directory` (a manifest keeps them)."""
-    key = hashlib.sha256(json.dumps([TEXTS, PAUSES_S, VOICES, LEAD_S, TRAIL_S]).encode()).hexdigest()[:12]
+    identity = [TEXTS, PAUSES_S, VOICES, LEAD_S, TRAIL_S, RENDER_VERSION]
+    key = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:12]
     manifest = directory / f"clips-{key}.json"
     if manifest.exists():
         kept = json.loads(manifest.read_text())
@@ -201,7 +234,7 @@ def build_clips(directory: Path, log: Callable[[str], None]) -> list[Clip]:
                     n_pauses = text.count("|")
                     pauses_s = [PAUSES_S[(i + j + len(voice)) % len(PAUSES_S)] for j in range(n_pauses)]
                     if voice == "piper":
-                        audio, pauses = render(text, speak_piper, pauses_s)
+                        audio, pauses = render_piper(text, speak_piper, pauses_s)
                     else:
                         audio = espeak_with_breaks(text, pauses_s, directory)
                         audio = np.concatenate([np.zeros(int(LEAD_S * SAMPLE_RATE), np.int16), _trim(audio),
