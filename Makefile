@@ -43,7 +43,8 @@ clean:
 # Benchmarks are scripts, not tests: figures go to bench/results/ with the command and machine.
 # The main run: the engine plain and speculative (bf16 target, int4 draft, adaptive gamma), an int4 target,
 # and transformers' plain and assisted generation, interleaved per prompt (about 20 minutes on 2 cores);
-# then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes) and why
+# then voice-to-voice latency over 16 spoken questions with the default models (about 6 minutes), what a
+# reply's first block waits for in the engine alone (~2 min), and why
 # speech jobs and the engine take turns on the CPU (Piper beside a decoding engine, ~1 min) and what a forward
 # of 1..32 ids costs on llama.cpp's kernels (~1 min) and on the engine's own (~2 min);
 # then reliability: 100k fuzzing messages (~2.5 min), 1,000 abrupt disconnects (~1.5 min), phone-call load
@@ -57,6 +58,7 @@ bench: setup
 	$(PY) -m voiceagent bench
 	$(PY) -m voiceagent bench --noise-dbfs -50
 	$(PY) -m bench.first_phrase
+	$(PY) -m bench.first_block
 	$(PY) -m bench.cpu_lane
 	$(PY) -m engine.bench.ggml_rows
 	$(PY) -m engine.bench.native_rows
