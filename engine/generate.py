@@ -39,13 +39,6 @@ from engine.state import (  # re-exported: the engine's types and its prefill sc
 )
 from engine.turn_head import TurnHead
 
-# The user's words are fed to the target ahead (`Conversation.prefill`) where a forward of 9 ids costs more
-# than this times a step: on the AMX Xeon (1.7x) the reply's first verify otherwise carried every word said
-# as well as the template's tail, 15 ids p50 against 8, and its first block came 28 ms later (142 against
-# 114 ms p50, its first phrase 294 against 260; `python -m bench.first_block`,
-# bench/results/2026-12-06-cpu-xeon-amx-167-first-block.md). A GPU's 9 ids cost about a step.
-FEED_AHEAD_GROWTH = 1.25
-
 __all__ = [
     "FUSED_PREFILL",
     "PREFILL_CHUNK",
@@ -108,7 +101,7 @@ class Conversation:
         `draft_only`: on a GPU the target's forward costs barely grow for a few dozen ids (memory-bound),
         so ahead of time it pays to feed the draft only, and the target takes the ids with its first
         verification. Where the target's forwards do grow with the ids (compute-bound: every CPU measured
-        here, `feeds_target_ahead`) or there is no draft, the target is fed too.
+        here, `SpeculationStats.forwards_grow_with_ids`) or there is no draft, the target is fed too.
         """
         prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)
         if not self._lock.acquire(blocking=False):
@@ -214,8 +207,8 @@ class Conversation:
 
     def feeds_target_ahead(self) -> bool:
         """Whether `prefill(..., draft_only=True)` feeds the target too: no draft, or a target whose
-        forwards grow with the ids by more than FEED_AHEAD_GROWTH at 9 (every CPU measured here)."""
-        return self.draft is None or self.engine.speculation.forwards_grow_with_ids(FEED_AHEAD_GROWTH)
+        forwards grow with the ids (every CPU measured here)."""
+        return self.draft is None or self.engine.speculation.forwards_grow_with_ids()
 
     def reuse_prefix(self, prompt: list[int]) -> int:
         """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""

@@ -160,23 +160,6 @@ def test_sampled_auto_runs() -> None:
     assert sum(len(b.token_ids) for b in blocks) == 30
 
 
-@pytest.mark.parametrize(("nine_ids_s", "ahead"), [(0.17, True), (0.11, False)])
-def test_the_user_s_words_reach_the_target_ahead_where_its_forwards_grow_at_all(
-    nine_ids_s: float, ahead: bool
-) -> None:
-    """The AMX Xeon's 9 ids cost 1.7x a step: short of the first block's plain rule (2x), but the words the
-    user says are fed to the target too, so that the reply's first verify carries only the prompt's tail.
-    A GPU's 9 ids cost about a step: the draft alone is fed."""
-    auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
-    auto.speculation.calibrate({1: 0.100, 2: 0.100, 9: nine_ids_s}, draft_step_s=0.001)
-    assert not auto.speculation.forwards_grow_with_ids()  # the first block still drafts
-    conversation = auto.new_conversation()
-    assert conversation.feeds_target_ahead() is ahead
-    conversation.prefill([1, 2, 3, 4, 5, 6], draft_only=True)
-    assert conversation.target.valid == (5 if ahead else 0)  # every id but the last
-    assert conversation.draft is not None and conversation.draft.valid == 5
-
-
 @pytest.mark.parametrize("grow", [True, False])
 def test_the_first_block_drafts_only_where_forwards_do_not_grow_with_their_ids(
     monkeypatch: pytest.MonkeyPatch, grow: bool
