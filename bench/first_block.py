@@ -33,6 +33,8 @@ from voiceagent.config import Settings
 from voiceagent.llm import FIRST_PHRASE_TOKENS, load_local_engine
 from voiceagent.session_options import SPEECH_SYSTEM_PROMPT
 
+SYSTEM = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}]
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -58,14 +60,13 @@ def forward_ms(engine: Engine, cached: list[int], n_ids: int, repeat: int) -> fl
 def first_block(engine: Engine, base: Any, question: str) -> dict[str, Any]:
     """One question: its words fed ahead, then the reply's first block (times in ms)."""
     tokenizer = engine.tokenizer
-    system = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}]
     end_of_turn = turn_marks(tokenizer).end_of_turn_id
     conversation = base.fork()
     words = question.split()
     for n in range(1, len(words)):  # the partials' words, as the user speaks
-        said = chat_prompt(tokenizer, [*system, {"role": "user", "content": " ".join(words[:n])}])
+        said = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": " ".join(words[:n])}])
         conversation.prefill(user_words(said, end_of_turn), draft_only=True)
-    prompt = chat_prompt(tokenizer, [*system, {"role": "user", "content": question}])
+    prompt = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": question}])
     cached = conversation.target.valid
     started = time.perf_counter()
     blocks = conversation.generate(
@@ -97,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_local_engine(Settings())
     tokenizer = engine.tokenizer
     base = engine.new_conversation()
-    system = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}]
-    warm = chat_prompt(tokenizer, [*system, {"role": "user", "content": "Hi"}])
+    warm = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": "Hi"}])
     base.prefill(user_words(warm, turn_marks(tokenizer).end_of_turn_id))  # the system prompt, warmed
     questions = DEFAULT_QUESTIONS.read_text().splitlines()[: args.limit]
     first_block(engine, base, questions[0])  # untimed: first calls allocate

@@ -81,19 +81,21 @@ class MoonshineModel:
         """audio: [n] float32 at 16 kHz -> its text (greedy; empty for too little audio)."""
         return self.text_of(self.heard_tokens(audio, draft))
 
-    def heard_tokens(self, audio: np.ndarray, draft: Sequence[int] = ()) -> list[int]:
+    def heard_tokens(
+        self, audio: np.ndarray, draft: Sequence[int] = (), picked: list[float] | None = None
+    ) -> list[int]:
         """audio: [n] float32 at 16 kHz -> the greedy token ids of its text (none for too little audio).
-        `draft`: the tokens an earlier pass heard, checked all at once (see `greedy_tokens`)."""
-        return self.heard(audio, draft)[0]
+        `draft`: the tokens an earlier pass heard, checked all at once; `picked`: see `greedy_tokens`."""
+        if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
+            return []
+        max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
+        return self.greedy_tokens(self.encode(audio), max_tokens, draft, picked)
 
     def heard(self, audio: np.ndarray, draft: Sequence[int] = ()) -> tuple[list[int], float | None]:
         """As `heard_tokens`, with the decoder's confidence in them: the least probability it gave any of
-        its picks (None: no tokens)."""
-        if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
-            return [], None
-        max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
+        its picks (None: no tokens). Only a partial asks (the final's pass has no use for it)."""
         picked: list[float] = []
-        tokens = self.greedy_tokens(self.encode(audio), max_tokens, draft, picked)
+        tokens = self.heard_tokens(audio, draft, picked)
         return tokens, (min(picked) if picked else None)
 
     def text_of(self, tokens: Sequence[int]) -> str:

@@ -174,8 +174,7 @@ def _splice_point(whole: np.ndarray, expected: int) -> int:
 
 def _speech_s(audio: np.ndarray) -> float:
     """How long `audio` is loud (|sample| > LOUD), from its first loud sample to its last."""
-    loud = np.flatnonzero(np.abs(audio.astype(np.int32)) > LOUD)
-    return float(loud[-1] - loud[0]) / SAMPLE_RATE if loud.size else 0.0
+    return max(0, len(_trim(audio)) - 1) / SAMPLE_RATE
 
 
 class PieceWithoutSpeech(RuntimeError):
