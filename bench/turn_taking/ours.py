@@ -10,9 +10,11 @@ the session).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
-the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it could not end the turn; its
-words are fed instead (`words_ahead`, `LocalLLM.prefill`: the session's head start), and the cores are busy
-with that forward until it ends. The
+the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it could not end the turn; if
+Silero still hears speech when it returns, its words are fed to the draft instead (`words_ahead`,
+`LocalLLM.prefill(draft_only=True)`: the session's head start). As in the session, that forward does not
+hold up the next partial's decode, only its score (`Scored.known_ns` of the next one counts from the
+forward's end if it ends later). The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
 utterance would get up to its first end, whatever the policy.
 
@@ -130,10 +132,10 @@ async def record(
     endpointer = Endpointer(
         VadOptions(end_silence_ms=NEVER_MS), model=_RecordingVad(load_silero(), rec.probabilities)
     )  # type: ignore[arg-type]
-    voiced_until = _last_voiced_by_frame(clip)
+    vad = _vad_by_frame(clip)
     schedule = PartialSchedule(PARTIAL_EVERY_MS, PAUSE_MS, LATE_PAUSE_MS, pause_quiet_ms)
     reply = _StandIn(schedule)
-    busy_until_ns = 0
+    busy_until_ns = engine_free_ns = 0
     for i, frame in enumerate(frames(_audio(clip.path))):
         t = i * FRAME_NS
         recognizer.push(frame)
@@ -151,9 +153,12 @@ async def record(
             continue
         last = rec.scored[-1] if rec.scored else None
         pause = kind == "pause"
-        heard, scored = await _partial(
-            recognizer, llm, system_prompt, t + FRAME_NS, pause, last, voiced_until
-        )
+        heard, scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, vad)
+        if scored.skipped:  # its head start holds up the engine, not the recogniser
+            engine_free_ns = scored.known_ns + int(scored.prefill_s * 1e9)
+        elif scored.score_s > 0.0 and engine_free_ns > scored.known_ns - int(scored.score_s * 1e9):
+            # the score waited for that forward (LocalLLM runs one job at a time)
+            scored = dataclasses.replace(scored, known_ns=engine_free_ns + int(scored.score_s * 1e9))
         audio = heard_audio(heard)
         if turn_audio is not None and audio is not None and scored.score is not None:
             started = time.perf_counter()
@@ -202,26 +207,25 @@ async def _partial(
     heard_until_ns: int,
     pause: bool,
     last: Scored | None,
-    voiced_until: list[int],
+    vad: _FrameVad,
 ) -> tuple[TranscriptLike, Scored]:
     """A partial (its transcript) and its score (the last one's again, without a forward, for the same
-    words; none if it returned after the user spoke on past its audio)."""
+    words; none if it returned after the user spoke on past its audio: then the session's head start,
+    whose time is `prefill_s`)."""
     started = time.perf_counter()
     transcript = recognizer.decode_partial()
     asr_s = time.perf_counter() - started
     returned_ns = heard_until_ns + int(asr_s * 1e9)
-    frame = min(len(voiced_until) - 1, returned_ns // FRAME_NS)
-    if not pause and not heard_all(heard_until_ns, voiced_until[frame]):
-        started = time.perf_counter()  # the session's head start: the words so far fed as the user speaks on
+    frame = min(len(vad.last_voiced_ns) - 1, returned_ns // FRAME_NS)
+    if not pause and not heard_all(heard_until_ns, vad.last_voiced_ns[frame]):
+        started = time.perf_counter()  # as `VoiceSession._head_start`: only while Silero hears speech
         ahead = words_ahead(transcript.stable.strip(), transcript.text.strip())
-        if ahead:
-            await llm.prefill(
-                [{"role": "system", "content": system_prompt}, {"role": "user", "content": ahead}]
-            )
+        if ahead and vad.silence_ms[frame] == 0.0:
+            messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": ahead}]
+            await llm.prefill(messages, draft_only=True)
         prefill_s = time.perf_counter() - started
-        known_ns = returned_ns + int(prefill_s * 1e9)  # the cores are busy with it until then
-        skipped = Scored(known_ns, heard_until_ns, None, transcript.text, asr_s, 0.0, pause, True, prefill_s)
-        return transcript, skipped
+        text = transcript.text
+        return transcript, Scored(returned_ns, heard_until_ns, None, text, asr_s, 0.0, pause, True, prefill_s)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
     if last is not None and last.text == transcript.text and last.score is not None:
@@ -259,14 +263,23 @@ def raw_scores(rec: Recording) -> Recording:
     return dataclasses.replace(rec, scored=scored)
 
 
-def _last_voiced_by_frame(clip: Clip) -> list[int]:
-    """The endpointer's `last_voiced_ns()` after each frame of the clip (a first pass of Silero)."""
+@dataclass(frozen=True)
+class _FrameVad:
+    """The endpointer's `last_voiced_ns()` and `silence_ms()` after each frame of a clip."""
+
+    last_voiced_ns: list[int]
+    silence_ms: list[float]
+
+
+def _vad_by_frame(clip: Clip) -> _FrameVad:
+    """`_FrameVad` of the clip (a first pass of Silero): what the session knows when a partial returns."""
     endpointer = Endpointer(VadOptions(end_silence_ms=NEVER_MS), model=load_silero())
-    until = []
+    vad = _FrameVad([], [])
     for i, frame in enumerate(frames(_audio(clip.path))):
         endpointer.push(frame, i * FRAME_NS)
-        until.append(endpointer.last_voiced_ns())
-    return until
+        vad.last_voiced_ns.append(endpointer.last_voiced_ns())
+        vad.silence_ms.append(endpointer.silence_ms())
+    return vad
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,87 @@
+"""The turn-taking bench's recording runs the session's head start as the session does: a regular partial
+that returns after the user spoke on feeds its words to the draft only (`prefill(draft_only=True)`) and
+only while Silero still hears speech; that forward does not hold up the next partial's decode, only the
+next score, which waits for it (the engine runs one job at a time)."""
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.turn_taking.clips import LEAD_S, Clip, espeak_with_breaks
+from bench.turn_taking.ours import record
+from tests.fakes import FakeTranscript
+from voiceagent.audio import SAMPLE_RATE, write_wav
+
+DECODE_S, PREFILL_S, SCORE_S = 0.12, 0.25, 0.01
+WORDS = "Is it going to rain tomorrow in the north of the country"
+
+
+class SlowRecognizer:
+    """Every partial takes DECODE_S and reads one word more of WORDS."""
+
+    def __init__(self) -> None:
+        self.partials = 0
+
+    def start(self) -> None:
+        self.partials = 0
+
+    def push(self, frame: Any) -> None:
+        return None
+
+    def decode_partial(self) -> FakeTranscript:
+        time.sleep(DECODE_S)
+        self.partials += 1
+        text = " ".join(WORDS.split()[: self.partials])
+        return FakeTranscript(text, text)
+
+    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
+        return WORDS
+
+
+class SlowPrefillLLM:
+    """A forward of the user's words takes PREFILL_S, a score SCORE_S."""
+
+    turn_head = False
+
+    def __init__(self) -> None:
+        self.prefills: list[bool] = []
+
+    async def prefill(self, messages: Any, *, draft_only: bool = False) -> bool:
+        self.prefills.append(draft_only)
+        await asyncio.sleep(PREFILL_S)
+        return True
+
+    async def end_of_turn_probability(self, messages: Any, **_: Any) -> float:
+        await asyncio.sleep(SCORE_S)
+        return 0.9
+
+
+def spoken_clip(tmp_path: Path) -> Clip:
+    speech = espeak_with_breaks(WORDS, [], tmp_path)
+    lead, trail = np.zeros(int(LEAD_S * SAMPLE_RATE), np.int16), np.zeros(SAMPLE_RATE, np.int16)
+    path = tmp_path / "clip.wav"
+    write_wav(path, np.concatenate([lead, speech, trail]), SAMPLE_RATE)
+    end_s = LEAD_S + len(speech) / SAMPLE_RATE
+    return Clip("complete-test", "complete", "report", "espeak", WORDS, (), end_s, str(path))
+
+
+def test_a_skipped_partials_head_start_holds_up_the_next_score_not_the_next_decode(tmp_path: Path) -> None:
+    clip, llm = spoken_clip(tmp_path), SlowPrefillLLM()
+    rec = asyncio.run(record(clip, SlowRecognizer(), llm, "system", pause_quiet_ms=32))  # type: ignore[arg-type]
+    skipped = [s for s in rec.scored if s.skipped]
+    fed = [s for s in skipped if s.prefill_s > 0]
+    assert fed and all(llm.prefills), "the head start feeds the draft only"
+    for s in skipped:  # known when its decode returned: the schedule is free again
+        assert s.known_ns == s.heard_until_ns + int(s.asr_s * 1e9)
+    assert all(s.heard_until_ns / 1e9 < clip.speech_end_s for s in fed), "fed while speech was heard"
+    pairs = zip(rec.scored, rec.scored[1:], strict=False)
+    held = [(a, b) for a, b in pairs if a.skipped and a.prefill_s > 0 and b.score_s > 0]
+    assert held, "a score came right after a head start (its forward outlasts a decode)"
+    for before, after in held:  # that score waited for the forward
+        engine_free_ns = before.known_ns + int(before.prefill_s * 1e9)
+        assert after.known_ns >= engine_free_ns + int(after.score_s * 1e9) - 1_000_000
+    ended = [s for s in rec.scored if s.score is not None and s.heard_until_ns / 1e9 >= clip.speech_end_s]
+    assert ended, "a pause partial heard the end and was scored"
