@@ -120,9 +120,9 @@ class Settings(BaseSettings):
     turn_settled_silence_ms: int = Field(100, ge=0, le=1000)
     turn_early_complete_score: float = Field(0.5, gt=0, le=1)
     # Words the recogniser picked a token of below this probability wait at least turn_unsure_silence_ms
-    # (0: off, the default; voiceagent/turn_taking.py says why).
-    turn_unsure_probability: float = Field(0.0, ge=0, le=1)
-    turn_unsure_silence_ms: int = Field(1000, ge=0, le=10000)
+    # (0: off; voiceagent/turn_taking.py says why).
+    turn_unsure_probability: float = Field(0.15, ge=0, le=1)
+    turn_unsure_silence_ms: int = Field(500, ge=0, le=10000)
     # The pause partial on the quiet tail too (0: on Silero's silence only).
     turn_pause_quiet_ms: int = Field(32, ge=0, le=1000)
     # Smart Turn v3.2's audio probability beside the text score (voiceagent/smart_turn.py; 0: words alone).

@@ -34,15 +34,17 @@ wait follows it:
 - a partial that heard every word said and found none (a breath, a cough, a first word too short to read
   yet): `incomplete_silence_ms` until words are scored. Nothing would be answered yet, and a pause just
   after the first word must not end the turn on the pending wait.
-- opt-in, words the recogniser was unsure of (a token of the partial it picked with a probability under
-  `unsure_probability`; Moonshine says, Whisper does not): at least `unsure_silence_ms` (1000). A misheard
-  pause reads as nonsense that may score finished ("Call me mcunzier of heaven." 0.46, for "Call me back
-  on zero seven ..." paused in, its least token probability 0.15-0.16), while finished questions heard
-  right held 0.35-0.93. Off (0) by default: at 0.25, over three recordings of the turn-taking clips, it
-  kept one list of the tuning clips whole but cut no fewer reported pauses, slowed the ends of misheard
-  sentences (pauses' waits 937 -> 1195 ms p50), and over -50 dBFS noise, where Moonshine is less sure of
-  every word, finished questions' (142 -> 178 ms p50;
-  bench/results/2026-12-06-cpu-xeon-amx-167-unsure-words.md).
+- words the recogniser was unsure of (a token of the partial it picked with a probability under
+  `unsure_probability`, 0.15; Moonshine says, Whisper does not): at least `unsure_silence_ms` (500, the
+  pending wait: time for the late pause partial to read the words again). A misheard pause reads as
+  nonsense that may score finished ("Call me Mercandlier of heaven." 0.51, for "Call me back on zero
+  seven ..." paused in, its least token probability 0.07-0.16), while finished questions heard right held
+  0.35-0.93. At 0.15 / 500 ms, replayed on five recordings of the turn-taking clips (four clean, one
+  over -50 dBFS noise), it changed 7 of 460 clip outcomes: 5 pauses no longer cut, one list and one
+  pause ending 80-180 ms later, no finished question changed; at 0.25 / 1000 ms (tried first, opt-in
+  then) it slowed the ends of misheard sentences and, over noise, where Moonshine is less sure of every
+  word, finished questions (142 -> 178 ms p50; bench/results/2026-12-06-cpu-xeon-amx-167-unsure-words.md,
+  bench/results/2026-12-06-cpu-xeon-amx-167-unsure-pending.md). 0: off.
 - no score (a remote LLM, an engine busy with a reply, or VOICEAGENT_TURN_SCORE=0): the silence rule.
 
 `EndOfTurnWait` keeps one utterance's latest score and says the wait at any moment; the session sets the
@@ -83,9 +85,9 @@ class TurnTakingOptions:
     early_complete_score: float = 0.5
     fallback_silence_ms: int = 320  # no score at all: the silence rule (VOICEAGENT_END_SILENCE_MS)
     # A partial with a token the recogniser picked at a probability below this waits at least
-    # unsure_silence_ms (0, the default: the rule is off).
-    unsure_probability: float = 0.0
-    unsure_silence_ms: int = 1000
+    # unsure_silence_ms (0: the rule is off).
+    unsure_probability: float = 0.15
+    unsure_silence_ms: int = 500
     # Smart Turn's audio probability beside the text score (`fused_score`); 0: the words alone.
     audio_weight: float = 0.0
     audio_bias: float = 2.0  # the audio's logit that leaves the text score as it is (p 0.88)

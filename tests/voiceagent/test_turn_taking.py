@@ -35,7 +35,8 @@ def test_settings_set_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().turn_pause_quiet_ms == SessionOptions().pause_quiet_ms == 32
     monkeypatch.setenv("VOICEAGENT_TURN_PAUSE_QUIET_MS", "0")
     assert Settings().turn_pause_quiet_ms == 0
-    assert TurnTakingOptions.from_settings(Settings()).unsure_probability == OPTIONS.unsure_probability == 0
+    unsure = TurnTakingOptions.from_settings(Settings()).unsure_probability
+    assert unsure == OPTIONS.unsure_probability == 0.15
     monkeypatch.setenv("VOICEAGENT_TURN_UNSURE_PROBABILITY", "0.25")
     monkeypatch.setenv("VOICEAGENT_TURN_UNSURE_SILENCE_MS", "700")
     options = TurnTakingOptions.from_settings(Settings())
@@ -115,23 +116,28 @@ def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn
 
 
 def test_words_the_recogniser_was_unsure_of_never_end_the_turn_quickly() -> None:
-    """Opt-in: a misheard pause reads as nonsense that may score finished; below `unsure_probability` the
-    wait is at least `unsure_silence_ms`, whatever the score. A recogniser that does not say (None) and the
-    default (0: off) are as before."""
+    """A misheard pause reads as nonsense that may score finished; below `unsure_probability` the wait is
+    at least `unsure_silence_ms` (by default the pending wait, time for the late pause partial), whatever
+    the score. A recogniser that does not say (None), a sure one, and the rule off (0) are as before."""
     ms = 1_000_000
     last_voiced = 2_000 * ms
     heard = last_voiced + 140 * ms  # the late pause partial: settled
-    wait = EndOfTurnWait(TurnTakingOptions(unsure_probability=0.25))
+    wait = EndOfTurnWait()
+    wait.scored(0.51, heard, text="Call me Mercandlier of heaven.", confidence=0.12)
+    assert wait.wait_ms(last_voiced) == OPTIONS.unsure_silence_ms == OPTIONS.pending_silence_ms
+    wait.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.2)  # over the default
+    assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
+    wait = EndOfTurnWait(TurnTakingOptions(unsure_probability=0.25, unsure_silence_ms=1000))
     wait.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.15)
-    assert wait.wait_ms(last_voiced) == OPTIONS.unsure_silence_ms >= 1000
+    assert wait.wait_ms(last_voiced) == 1000
     wait.scored(0.46, heard, text="Call me back tomorrow.", confidence=0.8)
     assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
     wait.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=None)
     assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
     wait.scored(0.001, heard, text="Call me mcunzier of", confidence=0.1)  # a longer wait stands
     assert wait.wait_ms(last_voiced) == OPTIONS.incomplete_silence_ms
-    off = EndOfTurnWait()
-    off.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.15)
+    off = EndOfTurnWait(TurnTakingOptions(unsure_probability=0.0))
+    off.scored(0.46, heard, text="Call me mcunzier of heaven.", confidence=0.1)
     assert off.wait_ms(last_voiced) == OPTIONS.complete_silence_ms
     with pytest.raises(ValueError, match="unsure_probability"):
         TurnTakingOptions(unsure_probability=1.5)
