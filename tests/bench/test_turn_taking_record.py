@@ -12,45 +12,31 @@ import numpy as np
 
 from bench.turn_taking.clips import LEAD_S, Clip, espeak_with_breaks
 from bench.turn_taking.ours import record
-from tests.fakes import FakeTranscript
+from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
 from voiceagent.audio import SAMPLE_RATE, write_wav
 
 DECODE_S, PREFILL_S, SCORE_S = 0.12, 0.25, 0.01
 WORDS = "Is it going to rain tomorrow in the north of the country"
 
 
-class SlowRecognizer:
-    """Every partial takes DECODE_S and reads one word more of WORDS."""
+class SlowRecognizer(FakeRecognizer):
+    """Hears WORDS as the fake does, each partial taking DECODE_S."""
 
     def __init__(self) -> None:
-        self.partials = 0
-
-    def start(self) -> None:
-        self.partials = 0
-
-    def push(self, frame: Any) -> None:
-        return None
+        super().__init__(WORDS)
 
     def decode_partial(self) -> FakeTranscript:
         time.sleep(DECODE_S)
-        self.partials += 1
-        text = " ".join(WORDS.split()[: self.partials])
-        return FakeTranscript(text, text)
-
-    def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
-        return WORDS
+        return super().decode_partial()
 
 
-class SlowPrefillLLM:
+class SlowPrefillLLM(FakeLLM):
     """A forward of the user's words takes PREFILL_S, a score SCORE_S."""
 
     turn_head = False
 
-    def __init__(self) -> None:
-        self.prefills: list[bool] = []
-
     async def prefill(self, messages: Any, *, draft_only: bool = False) -> bool:
-        self.prefills.append(draft_only)
+        await super().prefill(messages, draft_only=draft_only)
         await asyncio.sleep(PREFILL_S)
         return True
 
@@ -73,7 +59,7 @@ def test_a_skipped_partials_head_start_holds_up_the_next_score_not_the_next_deco
     rec = asyncio.run(record(clip, SlowRecognizer(), llm, "system", pause_quiet_ms=32))  # type: ignore[arg-type]
     skipped = [s for s in rec.scored if s.skipped]
     fed = [s for s in skipped if s.prefill_s > 0]
-    assert fed and all(llm.prefills), "the head start feeds the draft only"
+    assert fed and all(draft_only for _, draft_only in llm.prefills), "the head start feeds the draft only"
     for s in skipped:  # known when its decode returned: the schedule is free again
         assert s.known_ns == s.heard_until_ns + int(s.asr_s * 1e9)
     assert all(s.heard_until_ns / 1e9 < clip.speech_end_s for s in fed), "fed while speech was heard"
