@@ -260,6 +260,38 @@ class HeldRecognizer(FakeRecognizer):
         return super().decode_partial()
 
 
+class StoppableHeldRecognizer(HeldRecognizer):
+    """A HeldRecognizer whose held partial `stop_partial` ends: it raises `PartialStopped`, as Moonshine's
+    does at its next decoder call. With no partial decoding, `stop_partial` does nothing."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.stopped = 0
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+
+    def stop_partial(self) -> None:
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+
+    def decode_partial(self) -> FakeTranscript:
+        from voiceagent.stages import PartialStopped
+
+        self.calls += 1
+        with self._lock:
+            self._stop = stop = threading.Event()
+        try:
+            while not self.release.wait(0.005):
+                if stop.is_set():
+                    self.stopped += 1
+                    raise PartialStopped("stopped")
+            return FakeRecognizer.decode_partial(self)
+        finally:
+            with self._lock:
+                self._stop = None
+
+
 class FakeLLM:
     """Streams `blocks` (texts) for every reply, recording the histories it was asked with."""
 

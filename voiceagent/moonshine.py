@@ -40,7 +40,7 @@ from voiceagent.asr_text import collapse_repeats, text_key, words_of
 from voiceagent.audio import FRAME_MS, SAMPLE_RATE
 from voiceagent.moonshine_graph import MoonshineGraphs, float_graphs
 from voiceagent.speech_models import prepare_speech_model
-from voiceagent.stages import FINAL_MARGIN_S
+from voiceagent.stages import FINAL_MARGIN_S, PartialStopped
 from voiceagent.utterance_audio import UtteranceAudio
 
 __all__ = ["MoonshineModel", "MoonshineRecognizer", "load_moonshine"]
@@ -82,20 +82,27 @@ class MoonshineModel:
         return self.text_of(self.heard_tokens(audio, draft))
 
     def heard_tokens(
-        self, audio: np.ndarray, draft: Sequence[int] = (), picked: list[float] | None = None
+        self,
+        audio: np.ndarray,
+        draft: Sequence[int] = (),
+        picked: list[float] | None = None,
+        stop: threading.Event | None = None,
     ) -> list[int]:
         """audio: [n] float32 at 16 kHz -> the greedy token ids of its text (none for too little audio).
-        `draft`: the tokens an earlier pass heard, checked all at once; `picked`: see `greedy_tokens`."""
+        `draft`: the tokens an earlier pass heard, checked all at once; `picked`, `stop`: see
+        `greedy_tokens`."""
         if audio.size < MIN_AUDIO_S * SAMPLE_RATE:
             return []
         max_tokens = int(TOKENS_PER_S * audio.size / SAMPLE_RATE) + EXTRA_TOKENS
-        return self.greedy_tokens(self.encode(audio), max_tokens, draft, picked)
+        return self.greedy_tokens(self.encode(audio), max_tokens, draft, picked, stop)
 
-    def heard(self, audio: np.ndarray, draft: Sequence[int] = ()) -> tuple[list[int], float | None]:
+    def heard(
+        self, audio: np.ndarray, draft: Sequence[int] = (), stop: threading.Event | None = None
+    ) -> tuple[list[int], float | None]:
         """As `heard_tokens`, with the decoder's confidence in them: the least probability it gave any of
         its picks (None: no tokens). Only a partial asks (the final's pass has no use for it)."""
         picked: list[float] = []
-        tokens = self.heard_tokens(audio, draft, picked)
+        tokens = self.heard_tokens(audio, draft, picked, stop)
         return tokens, (min(picked) if picked else None)
 
     def text_of(self, tokens: Sequence[int]) -> str:
@@ -114,6 +121,7 @@ class MoonshineModel:
         max_tokens: int,
         draft: Sequence[int] = (),
         picked: list[float] | None = None,
+        stop: threading.Event | None = None,
     ) -> list[int]:
         """The text's token ids, greedy, up to the end token or `max_tokens`.
 
@@ -122,9 +130,11 @@ class MoonshineModel:
         draft is accepted up to its first token that is not the pick, the pick there is the bonus token, and
         the steps go on from it. The tokens are those of decoding without a draft (the logits of a batched
         call match a step's to ~2e-5), at the cost of one call plus a step per token after the accepted ones.
-        `picked`, if given, receives the probability of each token returned.
+        `picked`, if given, receives the probability of each token returned. Once `stop` is set, the next
+        decoder call raises `PassStopped` instead (a step is ~11 ms: the pass ends within one).
         """
         cache = self.empty_cache()
+        _check(stop, [])
         draft = list(draft[:max_tokens])
         logits = self.decode(hidden, cache, [START_TOKEN, *draft])  # [len(draft) + 1, V]
         picks = logits.argmax(axis=-1)
@@ -139,6 +149,7 @@ class MoonshineModel:
             tokens.append(next_id)
             if picked is not None:
                 picked.append(pick_probability(row))
+            _check(stop, tokens)
             row = self.decode(hidden, cache, [next_id])[-1]
             next_id = int(row.argmax())
         return tokens
@@ -174,6 +185,20 @@ class MoonshineModel:
                 cache[name] = np.ascontiguousarray(value[:, :, :positions])
 
 
+class PassStopped(PartialStopped):
+    """A pass stopped at a decoder call, with the tokens it had decoded (greedy for its audio: a draft for
+    the next pass; none if it stopped before its first decoder call)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__(f"the pass was stopped after {len(tokens)} tokens")
+        self.tokens = tokens
+
+
+def _check(stop: threading.Event | None, tokens: list[int]) -> None:
+    if stop is not None and stop.is_set():
+        raise PassStopped(tokens)
+
+
 @functools.cache
 def load_moonshine() -> MoonshineModel:
     """The process's shared Moonshine model on its float graphs (prepared from its packages, and the float
@@ -190,6 +215,8 @@ class MoonshineRecognizer:
         self.pre_roll_ms = pre_roll_ms
         self._audio = UtteranceAudio()  # push runs beside a decode: it has its own lock
         self._decode_lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # guards `_stop`: set only while a partial decodes
+        self._stop: threading.Event | None = None
         self._reset_text()
 
     def _reset_text(self) -> None:
@@ -210,10 +237,21 @@ class MoonshineRecognizer:
         self._audio.push(frame)
 
     def decode_partial(self) -> Transcript:
-        """Decodes the whole utterance so far; returns the stable prefix and the whole current guess."""
+        """Decodes the whole utterance so far; returns the stable prefix and the whole current guess.
+        Raises `PartialStopped` if `stop_partial` ends it first: only the tokens it decoded are kept, as
+        the next pass's draft (its words are not, nor is anything stable)."""
         with self._decode_lock:
             audio = self._audio.snapshot()
-            self._draft, confidence = self.model.heard(audio, self._draft)
+            with self._stop_lock:
+                self._stop = stop = threading.Event()
+            try:
+                self._draft, confidence = self.model.heard(audio, self._draft, stop)
+            except PassStopped as stopped:  # what it decoded is greedy for its audio: a draft for the next
+                self._draft = stopped.tokens or self._draft
+                raise
+            finally:
+                with self._stop_lock:
+                    self._stop = None
             words = self._with_stable(words_of(self.model.text_of(self._draft)))
             keys, previous = [text_key(w) for w in words], [text_key(w) for w in self._previous]
             agreed = 0
@@ -223,6 +261,13 @@ class MoonshineRecognizer:
                 self._stable = words[:agreed]
             self._previous, self._last_end = words, audio.size
             return Transcript("".join(self._stable).strip(), "".join(words).strip(), audio, confidence)
+
+    def stop_partial(self) -> None:
+        """Ends the partial being decoded at its next decoder call (it raises `PartialStopped`); nothing if
+        none is decoding (one still waiting for the lock runs in full)."""
+        with self._stop_lock:
+            if self._stop is not None:
+                self._stop.set()
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         """The utterance's transcript (begins with the last stable text); ends the utterance."""

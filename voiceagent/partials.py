@@ -9,8 +9,12 @@ at 128), and that comma tells a list in progress from a finished request. A turn
 complete ends before it is due. No partial between them or after them until the user speaks again: it
 would hear nothing new. One partial at a time: `PartialSchedule` only says which to start, given that none
 is in flight; one that was due while another ran starts as soon as that returns, and counts for every
-pause stage its silence has passed. A partial that returned in the silence having heard every word, and
-started the reply, stands in for the first pause partial (voiceagent/session.py), not for the late one.
+pause stage its silence has passed; but a partial still decoding when a pause partial falls due, whose
+audio ends before the last words (a regular one, or one begun at an earlier pause the user spoke on past:
+it could not end the turn), is stopped (`pause_due`, `StoppableRecognizer`) so that the pause partial
+starts at once. A partial that returned in the silence
+having heard every word, and started the reply, stands in for the first pause partial
+(voiceagent/session.py), not for the late one.
 With `pause_quiet_ms` set, the first pause partial also starts once the audio has been quiet that long
 (`Endpointer.quiet_ms`: the level fell to the noise floor, ~96 ms ahead of Silero's silence over a
 microphone's noise), so its score can come sooner; the pause lasts until the audio is loud again.
@@ -61,9 +65,7 @@ class PartialSchedule:
         if not self.silent(silence_ms, quiet_ms):
             self._stages_done = 0
         else:
-            passed = sum(1 for stage in self._stages if silence_ms >= stage)
-            if self.pause_quiet_ms and quiet_ms >= self.pause_quiet_ms:
-                passed = max(passed, 1)
+            passed = self._stages_passed(silence_ms, quiet_ms)
             if busy or passed <= self._stages_done:
                 return None
             stands_in = heard and self._stages_done == 0  # for the first pause partial only
@@ -73,6 +75,22 @@ class PartialSchedule:
             return None
         self._last_ns = t_ns
         return "regular"
+
+    def pause_due(self, silence_ms: float, quiet_ms: float = 0.0, heard: bool = False) -> bool:
+        """Whether `due` would start a pause partial now if none were in flight (it changes nothing): the
+        session then stops a partial in flight that cannot have heard every word (it could not end the
+        turn), so that the pause partial starts sooner."""
+        if not self.silent(silence_ms, quiet_ms):
+            return False
+        if self._stages_passed(silence_ms, quiet_ms) <= self._stages_done:
+            return False
+        return not (heard and self._stages_done == 0)
+
+    def _stages_passed(self, silence_ms: float, quiet_ms: float) -> int:
+        passed = sum(1 for stage in self._stages if silence_ms >= stage)
+        if self.pause_quiet_ms and quiet_ms >= self.pause_quiet_ms:
+            passed = max(passed, 1)
+        return passed
 
     def silent(self, silence_ms: float, quiet_ms: float = 0.0) -> bool:
         """The user is silent: Silero's silence, or with `pause_quiet_ms` a quiet tail that reached it or a

@@ -15,7 +15,7 @@ import numpy as np
 from voiceagent.asr import AsrOptions, StreamingRecognizer, load_whisper
 from voiceagent.moonshine import MoonshineRecognizer, load_moonshine
 from voiceagent.speech_models import DEFAULT_WHISPER
-from voiceagent.stages import BargeInRecognizer, RecognizerLike, TranscriptLike
+from voiceagent.stages import BargeInRecognizer, RecognizerLike, StoppableRecognizer, TranscriptLike
 
 __all__ = ["MOONSHINE", "BargeInRecognizer", "SplitRecognizer", "load_asr_model", "new_recognizer"]
 
@@ -45,6 +45,10 @@ class SplitRecognizer:
 
     def decode_partial(self) -> TranscriptLike:
         return self.active.decode_partial()
+
+    def stop_partial(self) -> None:
+        if isinstance(self.active, StoppableRecognizer):
+            self.active.stop_partial()
 
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str:
         return self.active.decode_final(trailing_silence_ms)

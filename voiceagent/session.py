@@ -55,7 +55,9 @@ from voiceagent.session_options import SessionOptions
 from voiceagent.stages import (
     ChunkerLike,
     EndpointerLike,
+    PartialStopped,
     RecognizerLike,
+    StoppableRecognizer,
     TurnAudioModel,
     VadEdgeLike,
     heard_audio,
@@ -66,6 +68,7 @@ from voiceagent.trace import (
     ASR_FINAL,
     ASR_PARTIAL,
     ASR_PARTIAL_ERROR,
+    ASR_PARTIAL_STOPPED,
     OUT_FIRST_AUDIO,
     OUT_PLAYED,
     TURN_ERROR,
@@ -114,6 +117,9 @@ class Session:
         self._utterance_start_ns = 0
         self._cut_turn = 0  # an utterance cut off at max_turn_s: its speech_end is not answered
         self._decoding: asyncio.Task[None] | None = None
+        # Where the audio of the partial being decoded ends, while it may still be stopped for a pause
+        # partial (voiceagent/partials.py); None: none is decoding.
+        self._stoppable_until_ns: int | None = None
         # Frames that arrive between speech_end and the final's decode: held back from the recogniser, which
         # is told how much of the audio it holds is the silence after the words (`trailing_ms`), until the
         # final has its audio; then they go to it as the next utterance's pre-roll.
@@ -191,9 +197,23 @@ class Session:
             self._drop_preemption("speech resumed")  # is stale
         heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # a stand-in (partials.py)
         busy = self._decoding is not None
+        if busy and self.partials.pause_due(silence_ms, quiet_ms, heard):
+            self._stop_partial()
         kind = self.partials.due(t, silence_ms, busy=busy, heard=heard, quiet_ms=quiet_ms)
         if kind is not None:
+            heard_until_ns = t + FRAME_MS * 1_000_000
+            self._stoppable_until_ns = heard_until_ns
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
+
+    def _stop_partial(self) -> None:
+        """A pause partial is due: stops the partial still decoding if its audio ends before the last words
+        said (a regular one, or one begun in an earlier pause that the user spoke on past): it could not
+        end the turn, and the pause partial would wait for it."""
+        heard_until_ns = self._stoppable_until_ns
+        if heard_until_ns is None or self.endpointing.heard_all(heard_until_ns):
+            return
+        if isinstance(self.recognizer, StoppableRecognizer):  # (again each frame: it may not have begun)
+            self.recognizer.stop_partial()
 
     async def push_text(self, text: str) -> None:
         """A typed user message: answered like a final transcript (interrupting any reply)."""
@@ -329,9 +349,12 @@ class Session:
 
     async def _partial(self, turn: int, t_ns: int, pause: bool = False) -> None:
         """A partial transcript of the audio up to the frame at `t_ns`: traced, scored, and a head start."""
+        heard_until_ns = t_ns + FRAME_MS * 1_000_000
         try:
-            transcript = await self.lane.in_thread(self.recognizer.decode_partial)
-            heard_until_ns = t_ns + FRAME_MS * 1_000_000
+            try:
+                transcript = await self.lane.in_thread(self.recognizer.decode_partial)
+            finally:
+                self._stoppable_until_ns = None
             # A regular partial that returns after the user spoke on past its audio cannot end the turn nor
             # start a reply that will be kept: its score and head start would only slow the next partial.
             heard_all = pause or self.endpointing.heard_all(heard_until_ns)
@@ -350,6 +373,8 @@ class Session:
                 if not self.barge_ins.replying():  # no head start while a held reply may resume
                     stable, text = transcript.stable.strip(), transcript.text.strip()
                     self._head_start(turn, stable, text, pause, heard_until_ns if heard_all else None)
+        except PartialStopped:
+            self.trace.write(ASR_PARTIAL_STOPPED, turn, heard_until_ns=heard_until_ns)
         except Exception as error:  # a partial is only a preview: note it and carry on
             self.trace.write(ASR_PARTIAL_ERROR, turn, message=str(error))
         finally:

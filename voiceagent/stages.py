@@ -91,6 +91,18 @@ class RecognizerLike(Protocol):
     def decode_final(self, trailing_silence_ms: float = 0.0) -> str: ...
 
 
+class PartialStopped(Exception):
+    """A partial's decode was stopped before it finished (`StoppableRecognizer.stop_partial`)."""
+
+
+@runtime_checkable
+class StoppableRecognizer(Protocol):
+    """A recogniser whose partial in progress can be ended early: the session stops a partial that can
+    no longer be of use (voiceagent/session.py) so the pause partial starts sooner."""
+
+    def stop_partial(self) -> None: ...  # the decode_partial in progress raises PartialStopped soon
+
+
 class ChunkerLike(Protocol):
     def push(self, text: str) -> list[str]: ...
 

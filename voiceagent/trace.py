@@ -30,6 +30,7 @@ VAD_SPEECH_START = "vad.speech_start"
 VAD_SPEECH_END = "vad.speech_end"
 ASR_PARTIAL = "asr.partial"
 ASR_PARTIAL_ERROR = "asr.partial_error"
+ASR_PARTIAL_STOPPED = "asr.partial_stopped"  # a regular partial stopped for the pause partial (partials.py)
 ASR_FINAL = "asr.final"
 TURN_SCORE = "turn.score"  # a partial's end-of-turn score, its cost and the wait it set (endpointing.py)
 # The reply (session.py, reply.py).
@@ -63,6 +64,7 @@ PIPELINE_EVENTS = frozenset(
         VAD_SPEECH_END,
         ASR_PARTIAL,
         ASR_PARTIAL_ERROR,
+        ASR_PARTIAL_STOPPED,
         ASR_FINAL,
         TURN_SCORE,
         LLM_PREFILL,

@@ -14,7 +14,10 @@ the default `heard_slack_ms`) is not scored (`Scored.score` None, `skipped`): it
 Silero still hears speech when it returns, its words are fed to the draft instead (`words_ahead`,
 `LocalLLM.prefill(draft_only=True)`: the session's head start). As in the session, that forward does not
 hold up the next partial's decode, only its score (`Scored.known_ns` of the next one counts from the
-forward's end if it ends later). The
+forward's end if it ends later). As in the session, a partial still decoding when a pause partial falls
+due, whose audio ends before the last words (a regular one, or a pause partial of a pause the user
+spoke on past), is stopped then (`Scored.stopped`; a timer calls the
+recogniser's `stop_partial` that long after the decode began, in wall time). The
 endpointer never ends the speech here (its wait is a minute), so the record holds every score the
 utterance would get up to its first end, whatever the policy.
 
@@ -30,8 +33,10 @@ a policy that weighs the audio (`audio_weight` > 0) knows the fused score that i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +50,9 @@ from voiceagent.llm_types import Message
 from voiceagent.partials import PartialSchedule, words_ahead
 from voiceagent.session_options import SessionOptions
 from voiceagent.stages import (
+    PartialStopped,
     RecognizerLike,
+    StoppableRecognizer,
     TranscriptLike,
     TurnAudioModel,
     heard_audio,
@@ -79,6 +86,7 @@ class Scored:
     audio_s: float = 0.0  # its time: a policy that weighs it knows the score this much after known_ns
     raw_score: float | None = None  # the model's own P(end | words) where `score` is its trained head's
     confidence: float | None = None  # the recogniser's least token probability (None: it did not say)
+    stopped: bool = False  # stopped for the pause partial (`skipped` too): `asr_s` is until it stopped
 
     def known_under(self, policy: TurnTakingOptions) -> int:
         """When the score is known under `policy`: later by the audio's inference if it weighs the audio."""
@@ -153,13 +161,16 @@ async def record(
             continue
         last = rec.scored[-1] if rec.scored else None
         pause = kind == "pause"
-        heard, scored = await _partial(recognizer, llm, system_prompt, t + FRAME_NS, pause, last, vad)
+        stop_ns = _stop_at(schedule, vad, i, t + FRAME_NS)
+        transcript, scored = await _partial(
+            recognizer, llm, system_prompt, t + FRAME_NS, pause, last, vad, stop_ns
+        )
         if scored.skipped:  # its head start holds up the engine, not the recogniser
             engine_free_ns = scored.known_ns + int(scored.prefill_s * 1e9)
         elif scored.score_s > 0.0 and engine_free_ns > scored.known_ns - int(scored.score_s * 1e9):
             # the score waited for that forward (LocalLLM runs one job at a time)
             scored = dataclasses.replace(scored, known_ns=engine_free_ns + int(scored.score_s * 1e9))
-        audio = heard_audio(heard)
+        audio = None if transcript is None else heard_audio(transcript)
         if turn_audio is not None and audio is not None and scored.score is not None:
             started = time.perf_counter()
             audio_score = turn_audio.probability(audio)
@@ -200,6 +211,36 @@ class _StandIn:
         return heard_until is not None and heard_all(heard_until, last_voiced_ns)
 
 
+def _stop_at(schedule: PartialSchedule, vad: _FrameVad, frame: int, heard_until_ns: int) -> int | None:
+    """When the session would stop a partial started at `frame` that hears the audio up to
+    `heard_until_ns` (session.py `_stop_partial`): at the end of the first later frame where a pause
+    partial falls due and its audio ends before the last words. None: never (were it still decoding).
+    The schedule is followed on a copy, busy all along."""
+    ahead = copy.copy(schedule)
+    for k in range(frame + 1, len(vad.silence_ms)):
+        silence_ms, quiet_ms = vad.silence_ms[k], vad.quiet_ms[k]
+        ahead.due(k * FRAME_NS, silence_ms, busy=True, quiet_ms=quiet_ms)  # (speech restarts its stages)
+        if ahead.pause_due(silence_ms, quiet_ms) and not heard_all(heard_until_ns, vad.last_voiced_ns[k]):
+            return (k + 1) * FRAME_NS
+    return None
+
+
+def _decode_partial(recognizer: RecognizerLike, stop_after_s: float | None) -> TranscriptLike | None:
+    """The recogniser's partial, stopped `stop_after_s` after it began (wall time) if it has not returned
+    by then and the recogniser can be stopped (None: it was)."""
+    timer = None
+    if stop_after_s is not None and isinstance(recognizer, StoppableRecognizer):
+        timer = threading.Timer(stop_after_s, recognizer.stop_partial)
+        timer.start()
+    try:
+        return recognizer.decode_partial()
+    except PartialStopped:
+        return None
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
 async def _partial(
     recognizer: RecognizerLike,
     llm: LocalLLM,
@@ -208,13 +249,18 @@ async def _partial(
     pause: bool,
     last: Scored | None,
     vad: _FrameVad,
-) -> tuple[TranscriptLike, Scored]:
+    stop_ns: int | None = None,
+) -> tuple[TranscriptLike | None, Scored]:
     """A partial (its transcript) and its score (the last one's again, without a forward, for the same
     words; none if it returned after the user spoke on past its audio: then the session's head start,
-    whose time is `prefill_s`)."""
+    whose time is `prefill_s`). Stopped at `stop_ns` (audio time) if still decoding then: no transcript."""
     started = time.perf_counter()
-    transcript = recognizer.decode_partial()
+    stop_after_s = None if stop_ns is None else (stop_ns - heard_until_ns) / 1e9
+    transcript = _decode_partial(recognizer, stop_after_s)
     asr_s = time.perf_counter() - started
+    if transcript is None:
+        returned_ns = heard_until_ns + int(asr_s * 1e9)
+        return None, Scored(returned_ns, heard_until_ns, None, "", asr_s, 0.0, pause, True, stopped=True)
     returned_ns = heard_until_ns + int(asr_s * 1e9)
     frame = min(len(vad.last_voiced_ns) - 1, returned_ns // FRAME_NS)
     if not pause and not heard_all(heard_until_ns, vad.last_voiced_ns[frame]):
@@ -265,20 +311,22 @@ def raw_scores(rec: Recording) -> Recording:
 
 @dataclass(frozen=True)
 class _FrameVad:
-    """The endpointer's `last_voiced_ns()` and `silence_ms()` after each frame of a clip."""
+    """The endpointer's `last_voiced_ns()`, `silence_ms()` and `quiet_ms()` after each frame of a clip."""
 
     last_voiced_ns: list[int]
     silence_ms: list[float]
+    quiet_ms: list[float]
 
 
 def _vad_by_frame(clip: Clip) -> _FrameVad:
     """`_FrameVad` of the clip (a first pass of Silero): what the session knows when a partial returns."""
     endpointer = Endpointer(VadOptions(end_silence_ms=NEVER_MS), model=load_silero())
-    vad = _FrameVad([], [])
+    vad = _FrameVad([], [], [])
     for i, frame in enumerate(frames(_audio(clip.path))):
         endpointer.push(frame, i * FRAME_NS)
         vad.last_voiced_ns.append(endpointer.last_voiced_ns())
         vad.silence_ms.append(endpointer.silence_ms())
+        vad.quiet_ms.append(endpointer.quiet_ms())
     return vad
 
 

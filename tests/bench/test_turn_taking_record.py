@@ -1,9 +1,11 @@
 """The turn-taking bench's recording runs the session's head start as the session does: a regular partial
 that returns after the user spoke on feeds its words to the draft only (`prefill(draft_only=True)`) and
 only while Silero still hears speech; that forward does not hold up the next partial's decode, only the
-next score, which waits for it (the engine runs one job at a time)."""
+next score, which waits for it (the engine runs one job at a time). And it stops a regular partial that
+could not end the turn when the pause partial falls due, as the session does."""
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from bench.turn_taking.clips import LEAD_S, Clip, espeak_with_breaks
-from bench.turn_taking.ours import record
+from bench.turn_taking.ours import FRAME_NS, record
 from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
 from voiceagent.audio import SAMPLE_RATE, write_wav
+from voiceagent.stages import PartialStopped
+from voiceagent.turn_taking import TurnTakingOptions
 
 DECODE_S, PREFILL_S, SCORE_S = 0.12, 0.25, 0.01
 WORDS = "Is it going to rain tomorrow in the north of the country"
@@ -71,3 +75,57 @@ def test_a_skipped_partials_head_start_holds_up_the_next_score_not_the_next_deco
         assert after.known_ns >= engine_free_ns + int(after.score_s * 1e9) - 1_000_000
     ended = [s for s in rec.scored if s.score is not None and s.heard_until_ns / 1e9 >= clip.speech_end_s]
     assert ended, "a pause partial heard the end and was scored"
+
+
+LONG_DECODE_S = 0.35  # longer than the schedule's 300 ms: a partial is always in flight at the pause
+
+
+class StoppableSlowRecognizer(FakeRecognizer):
+    """Hears WORDS as the fake does; each partial takes LONG_DECODE_S unless `stop_partial` ends it first
+    (it raises `PartialStopped`, as Moonshine's does)."""
+
+    def __init__(self) -> None:
+        super().__init__(WORDS)
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+
+    def stop_partial(self) -> None:
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+
+    def decode_partial(self) -> FakeTranscript:
+        with self._lock:
+            self._stop = stop = threading.Event()
+        try:
+            if stop.wait(LONG_DECODE_S):
+                raise PartialStopped("stopped")
+            return super().decode_partial()
+        finally:
+            with self._lock:
+                self._stop = None
+
+
+class QuickLLM(FakeLLM):
+    turn_head = False
+
+    async def end_of_turn_probability(self, messages: Any, **_: Any) -> float:
+        return 0.9
+
+
+def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial_falls_due(
+    tmp_path: Path,
+) -> None:
+    clip = spoken_clip(tmp_path)
+    rec = asyncio.run(record(clip, StoppableSlowRecognizer(), QuickLLM(), "system", pause_quiet_ms=32))  # type: ignore[arg-type]
+    slack_ns = TurnTakingOptions().heard_slack_ms * 1_000_000
+    stopped = [i for i, s in enumerate(rec.scored) if s.stopped]
+    assert stopped, "a partial was in flight when the pause partial fell due"
+    for i in stopped:  # (one may be in a short pause between words, where the next is a regular one)
+        cut, after = rec.scored[i], rec.scored[i + 1]
+        assert cut.skipped and cut.score is None and not cut.pause and cut.asr_s < LONG_DECODE_S - 0.05
+        assert after.heard_until_ns <= cut.known_ns + 2 * FRAME_NS, "the next begun in the frame after"
+        assert cut.heard_until_ns + slack_ns < after.heard_until_ns
+    paused = [rec.scored[i + 1] for i in stopped if rec.scored[i + 1].pause]
+    assert paused and all(p.score == 0.9 for p in paused), "a pause partial right after a stop, scored"
+    assert all(s.asr_s >= LONG_DECODE_S for s in rec.scored if not s.stopped)

@@ -15,7 +15,13 @@ import pytest
 
 from voiceagent import moonshine_graph
 from voiceagent.audio import to_float
-from voiceagent.moonshine import MODEL_NAME, START_TOKEN, MoonshineModel, load_moonshine
+from voiceagent.moonshine import (
+    MODEL_NAME,
+    START_TOKEN,
+    MoonshineModel,
+    MoonshineRecognizer,
+    load_moonshine,
+)
 from voiceagent.moonshine_graph import (
     FLOAT,
     INT8,
@@ -30,6 +36,7 @@ from voiceagent.moonshine_graph import (
 )
 from voiceagent.real_speech import load_clips
 from voiceagent.speech_models import prepare_speech_model
+from voiceagent.stages import PartialStopped
 
 
 def tensor(name: str, array: np.ndarray) -> Any:
@@ -215,6 +222,53 @@ def test_a_draft_changes_the_cost_of_a_pass_not_its_tokens(monkeypatch: pytest.M
         assert counting.runs == 1 + max(0, len(plain) - accepted)  # a step for each token after those
 
 
+def pushed(recognizer: MoonshineRecognizer, audio: np.ndarray) -> None:
+    """`audio` [n] int16 pushed in 20 ms frames (the last partial frame left out)."""
+    for start in range(0, audio.size - 319, 320):
+        recognizer.push(audio[start : start + 320])
+
+
+@pytest.mark.bundled
+def test_a_stopped_partial_ends_at_its_next_decoder_call_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stop_partial` while a pass decodes (voiceagent/partials.py: a partial that could not end the turn,
+    stopped for the pause partial): the pass raises `PartialStopped` at its next decoder call, and the next
+    partial hears what it would have heard had that one never begun, sooner (the tokens the stopped pass
+    decoded are its draft). With no pass decoding, it does nothing."""
+    model = load_moonshine()
+    audio = load_clips(("librivox-0880",), log=lambda _: None)[0].audio
+    stopped, plain = MoonshineRecognizer(model), MoonshineRecognizer(model)
+    half = audio.size // 2
+    for recognizer in (stopped, plain):
+        recognizer.start()
+        pushed(recognizer, audio[:half])
+        recognizer.stop_partial()  # none decoding: no effect
+        recognizer.decode_partial()  # a draft for the next pass, which steps on past it
+        pushed(recognizer, audio[half:])
+    calls = []
+    decode = model.decode
+
+    def decode_then_stop(*args: Any) -> np.ndarray:
+        calls.append(args)
+        logits = decode(*args)
+        stopped.stop_partial()
+        return logits
+
+    monkeypatch.setattr(model, "decode", decode_then_stop)
+    with pytest.raises(PartialStopped):
+        stopped.decode_partial()
+    assert len(calls) == 1, "the pass went on past the stop"
+    monkeypatch.undo()
+    counting = CountingDecoder(model.decoder)
+    monkeypatch.setattr(model, "decoder", counting)
+    after = stopped.decode_partial()
+    runs_after, counting.runs = counting.runs, 0
+    expected = plain.decode_partial()
+    assert (after.stable, after.text) == (expected.stable, expected.text) and expected.text
+    assert runs_after < counting.runs, "the stopped pass's tokens are the next one's draft"
+
+
 class ScriptedModel:
     """A stand-in for MoonshineModel: each pass (any audio) returns the next of `texts`."""
 
@@ -224,7 +278,7 @@ class ScriptedModel:
     def heard_tokens(self, audio: np.ndarray, draft: Any = ()) -> list[int]:
         return [len(audio)]
 
-    def heard(self, audio: np.ndarray, draft: Any = ()) -> tuple[list[int], float | None]:
+    def heard(self, audio: np.ndarray, draft: Any = (), stop: Any = None) -> tuple[list[int], float | None]:
         return self.heard_tokens(audio, draft), 0.9
 
     def text_of(self, tokens: Any) -> str:
@@ -234,8 +288,6 @@ class ScriptedModel:
 def test_a_pass_that_reads_the_stable_words_as_fewer_keeps_the_words_after_them() -> None:
     """Seen on `voiceagent bench`: the late pause partial read "for my new puppy" as "for Manu Perpi", and
     the final (stable words + that pass's words past them) lost "puppy"."""
-    from voiceagent.moonshine import MoonshineRecognizer
-
     texts = [
         "Could you suggest a name for my new purpose?",
         "Could you suggest a name for my new puppy?",

@@ -125,3 +125,21 @@ def test_without_pause_quiet_ms_the_quiet_tail_starts_nothing() -> None:
     assert schedule.due(400 * MS, 32.0, busy=False, quiet_ms=128.0) == "pause"
     with pytest.raises(ValueError, match="pause_quiet_ms"):
         PartialSchedule(partial_every_ms=300, pause_ms=32, pause_quiet_ms=-1)
+
+
+def test_pause_due_says_whether_a_pause_partial_waits_for_the_one_in_flight() -> None:
+    """`pause_due` (the session stops a regular partial in flight that could not end the turn when it says
+    so) is `due`'s answer for the pause, as if no partial were in flight, and changes nothing."""
+    schedule = PartialSchedule(partial_every_ms=300, pause_ms=32, late_pause_ms=128, pause_quiet_ms=32)
+    schedule.start_utterance(0)
+    assert schedule.due(300 * MS, 0.0, busy=False) == "regular"
+    assert not schedule.pause_due(0.0)  # speaking
+    assert not schedule.pause_due(0.0, quiet_ms=20.0)  # quiet, not long enough
+    assert schedule.pause_due(0.0, quiet_ms=40.0)  # the quiet tail reached pause_quiet_ms
+    assert schedule.pause_due(40.0)  # Silero's silence reached pause_ms
+    assert not schedule.pause_due(40.0, heard=True)  # a reply on a partial that heard all stands in
+    assert schedule.due(360 * MS, 40.0, busy=True) is None and schedule.pause_due(40.0)  # nothing changed
+    assert schedule.due(380 * MS, 60.0, busy=False) == "pause"
+    assert not schedule.pause_due(60.0)  # started
+    assert schedule.pause_due(140.0)  # the late one
+    assert schedule.pause_due(140.0, heard=True)  # (no stand-in for the late one)

@@ -18,6 +18,7 @@ from tests.fakes import (
     FakeRecognizer,
     FakeSynthesizer,
     HeldRecognizer,
+    StoppableHeldRecognizer,
     WordChunker,
 )
 from voiceagent.cpu_lane import NO_LANE, CpuLane
@@ -437,6 +438,42 @@ def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> No
     heard_until_ms, confirmed_end_ms = 340, 540
     margin_ms = 1000 * FINAL_MARGIN_S
     assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + margin_ms)]
+
+
+@pytest.mark.parametrize("spoke_on", [True, False])
+def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial_falls_due(
+    spoke_on: bool,
+) -> None:
+    """A regular partial still decoding when the pause partial falls due: stopped if the user spoke on past
+    its audio (its words could not end the turn; the pause partial would wait for it), so the pause partial
+    decodes at once; left to finish if it heard every word (it stands in for the pause partial)."""
+
+    async def scenario(h: Harness) -> None:
+        recognizer = h.recognizer
+        assert isinstance(recognizer, StoppableHeldRecognizer)
+        await h.frames(LOUD, 16)  # the first partial starts at 300 ms and is held there
+        await h.settle(lambda: recognizer.calls >= 1)
+        if spoke_on:
+            await h.frames(LOUD, 10)  # words that partial has not heard
+        await h.frames(QUIET, 3)  # 40 ms of silence: the pause partial is due
+        if spoke_on:
+            await h.settle(lambda: recognizer.stopped == 1)
+            await h.frames(QUIET, 1)  # the next frame starts the pause partial
+            await h.settle(lambda: recognizer.calls == 2)
+        recognizer.release.set()
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    text = "please tell me the time now"
+    h = run(scenario, recognizer=StoppableHeldRecognizer(text), options=SessionOptions(late_pause_ms=0))
+    stopped = [r for r in h.trace.records if r["event"] == "asr.partial_stopped"]
+    assert h.recognizer.stopped == len(stopped) == (1 if spoke_on else 0)
+    assert h.recognizer.calls == (2 if spoke_on else 1)
+    if spoke_on:  # it had heard up to the end of the 16th frame (the fake clock starts at 1 s)
+        assert stopped[0]["heard_until_ns"] == 1_340_000_000
+        # the only partial out is the pause partial's, begun at once (30 frames heard: one word per 10)
+        assert [e.text for e in h.of(TranscriptPartial)] == ["please tell me"]
+    assert [e.text for e in h.of(TranscriptFinal)] == [text]
 
 
 class SlowToStop(FakeLLM):
