@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from voiceagent.cpu_lane import NO_LANE, CpuLane
 from voiceagent.llm_types import (
     DEFAULT_OPTIONS,
     LLM,
+    BlockCost,
     LLMError,
     Message,
     PrefillingLLM,
@@ -177,20 +179,28 @@ class LocalLLM:
     ) -> None:
         """Worker thread: steps the engine one block at a time under the engine's lock."""
         try:
-            for block in self._lock.each(self._after_speech(blocks)):
+            for block, cost in self._lock.each(self._after_speech(blocks)):
                 deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
-                                   block.finish_reason, block.token_ids))  # fmt: skip
+                                   block.finish_reason, block.token_ids, cost))  # fmt: skip
         except Exception as error:  # handed to the event loop, where the stream raises LLMError
             deliver(error)
 
-    def _after_speech(self, blocks: Iterator[CommittedBlock]) -> Iterator[CommittedBlock]:
-        """`blocks`, each begun once the speech jobs running before it have ended (voiceagent/cpu_lane.py)."""
+    def _after_speech(self, blocks: Iterator[CommittedBlock]) -> Iterator[tuple[CommittedBlock, BlockCost]]:
+        """`blocks`, each begun once the speech jobs running before it have ended (voiceagent/cpu_lane.py),
+        with where its time went: what it waited for since the last block was handed on (that hand-over's
+        settling, the lock, the speech jobs), and its work."""
+        handed = time.perf_counter()
         while True:
             self.lane.wait_turn()
+            began = time.perf_counter()
             block = next(blocks, None)
             if block is None:
                 return
-            yield block
+            done = time.perf_counter()
+            draft_s, verify_s = block.timing.draft_s, block.timing.verify_s
+            cost = BlockCost(*(round(1000 * s, 2) for s in (began - handed, done - began, draft_s, verify_s)))
+            handed = done
+            yield block, cost
 
     async def aclose(self) -> None:
         self._cancel.set()

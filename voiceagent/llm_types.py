@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "DEFAULT_OPTIONS",
+    "BlockCost",
     "LLM",
     "LLMError",
     "Message",
@@ -47,6 +48,20 @@ class ReplyBlock:
     n_accepted: int | None = None
     finish_reason: str | None = None  # on the last block: "stop", "length" (or "cancelled" locally)
     token_ids: tuple[int, ...] = ()  # the in-process engine's ids (what a later reply may propose again)
+    timing: BlockCost | None = None  # where the in-process engine's time for it went (None: a server's)
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """Where a block's time went in the in-process engine, ms: `waited` before its work began (the event
+    loop taking the last block's text, the engine's lock, the speech jobs it let go first:
+    voiceagent/cpu_lane.py), then its work (`engine`): the draft's steps (`draft`), the target's verify
+    (`verify`), and the rest (on the first block a prefill, and the text)."""
+
+    waited: float
+    engine: float
+    draft: float
+    verify: float
 
 
 class LLMError(RuntimeError):

@@ -16,6 +16,7 @@ A failing stage raises `ReplyFailed`; the session turns that into the turn's `Tu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -149,7 +150,12 @@ class Replier:
                 LLM_FIRST_BLOCK, turn, n_drafted=drafted, n_accepted=accepted, preemptive=preemptive
             )
         counts = {"n_tokens": block.n_tokens, "n_drafted": drafted, "n_accepted": accepted}
-        self.trace.write(LLM_BLOCK, turn, text=block.text, **counts)
+        costs = (
+            {}
+            if block.timing is None
+            else {f"{k}_ms": v for k, v in dataclasses.asdict(block.timing).items()}
+        )
+        self.trace.write(LLM_BLOCK, turn, text=block.text, **counts, **costs)
 
     async def _speak(self, turn: int, phrases: asyncio.Queue[str | None], ahead: SpokenAhead | None) -> None:
         rate = self.options.output_rate

@@ -183,6 +183,21 @@ def test_two_sessions_share_one_engine(engine: Engine) -> None:
     assert len(texts) == 1  # interleaved block by block, each conversation is still exact
 
 
+def test_local_blocks_say_where_their_time_went(engine: Engine) -> None:
+    """Each block of the in-process engine carries its cost (the trace's llm.block): what it waited for
+    since the last block was handed on, and its work, of which the draft's steps and the verify. A server's
+    blocks carry none."""
+    blocks = asyncio.run(reply(LocalLLM(engine), SHORT))
+    assert blocks and all(b.timing is not None for b in blocks)
+    for block in blocks:
+        cost = block.timing
+        assert cost is not None and min(cost.waited, cost.draft, cost.verify) >= 0.0
+        assert cost.engine >= cost.draft + cost.verify - 0.05  # rounded to 0.01 ms each
+    assert any(b.timing is not None and b.timing.verify > 0.0 for b in blocks)
+    drafting = [b for b in blocks if b.n_drafted]
+    assert all(b.timing is not None and b.timing.draft > 0.0 for b in drafting)
+
+
 def test_local_bad_input_is_an_llm_error(engine: Engine) -> None:
     async def ask() -> None:
         async for _ in LocalLLM(engine).stream([{"role": "user", "content": "word " * 600}], OPTIONS):

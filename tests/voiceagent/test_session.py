@@ -476,6 +476,26 @@ def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial
     assert [e.text for e in h.of(TranscriptFinal)] == [text]
 
 
+class TimedLLM(FakeLLM):
+    """One block that says where its time went, as the in-process engine's do."""
+
+    async def stream(self, messages: Any, options: Any = None) -> Any:
+        from voiceagent.llm_types import BlockCost, ReplyBlock
+
+        yield ReplyBlock("Hi.", 1, 2, 1, "stop", timing=BlockCost(3.5, 61.2, 12.4, 47.9))
+
+
+def test_the_trace_says_where_a_blocks_time_went() -> None:
+    h = run(one_turn, llm=TimedLLM())
+    block = _record(h, "llm.block")
+    assert (block["waited_ms"], block["engine_ms"], block["draft_ms"], block["verify_ms"]) == (
+        3.5,
+        61.2,
+        12.4,
+        47.9,
+    )
+
+
 class SlowToStop(FakeLLM):
     """Writes one block, then waits; when cancelled it takes 50 ms to clean up."""
 
