@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -260,13 +261,15 @@ class HeldRecognizer(FakeRecognizer):
         return super().decode_partial()
 
 
-class StoppableHeldRecognizer(HeldRecognizer):
-    """A HeldRecognizer whose held partial `stop_partial` ends: it raises `PartialStopped`, as Moonshine's
-    does at its next decoder call. With no partial decoding, `stop_partial` does nothing."""
+class StoppableFakeRecognizer(FakeRecognizer):
+    """Hears as FakeRecognizer; each partial first waits until `release` is set (or `hold_s` has passed),
+    unless `stop_partial` ends it first: it then raises `PartialStopped`, as Moonshine's does at its next
+    decoder call. With no partial decoding, `stop_partial` does nothing."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, hold_s: float | None = None) -> None:
         super().__init__(text)
-        self.stopped = 0
+        self.hold_s, self.release = hold_s, threading.Event()
+        self.calls = self.stopped = 0
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
 
@@ -282,11 +285,12 @@ class StoppableHeldRecognizer(HeldRecognizer):
         with self._lock:
             self._stop = stop = threading.Event()
         try:
-            while not self.release.wait(0.005):
-                if stop.is_set():
+            deadline = None if self.hold_s is None else time.monotonic() + self.hold_s
+            while not self.release.is_set() and (deadline is None or time.monotonic() < deadline):
+                if stop.wait(0.002):
                     self.stopped += 1
                     raise PartialStopped("stopped")
-            return FakeRecognizer.decode_partial(self)
+            return super().decode_partial()
         finally:
             with self._lock:
                 self._stop = None

@@ -5,7 +5,6 @@ next score, which waits for it (the engine runs one job at a time). And it stops
 could not end the turn when the pause partial falls due, as the session does."""
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,8 @@ import numpy as np
 
 from bench.turn_taking.clips import LEAD_S, Clip, espeak_with_breaks
 from bench.turn_taking.ours import FRAME_NS, record
-from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript
+from tests.fakes import FakeLLM, FakeRecognizer, FakeTranscript, StoppableFakeRecognizer
 from voiceagent.audio import SAMPLE_RATE, write_wav
-from voiceagent.stages import PartialStopped
 from voiceagent.turn_taking import TurnTakingOptions
 
 DECODE_S, PREFILL_S, SCORE_S = 0.12, 0.25, 0.01
@@ -80,32 +78,6 @@ def test_a_skipped_partials_head_start_holds_up_the_next_score_not_the_next_deco
 LONG_DECODE_S = 0.35  # longer than the schedule's 300 ms: a partial is always in flight at the pause
 
 
-class StoppableSlowRecognizer(FakeRecognizer):
-    """Hears WORDS as the fake does; each partial takes LONG_DECODE_S unless `stop_partial` ends it first
-    (it raises `PartialStopped`, as Moonshine's does)."""
-
-    def __init__(self) -> None:
-        super().__init__(WORDS)
-        self._lock = threading.Lock()
-        self._stop: threading.Event | None = None
-
-    def stop_partial(self) -> None:
-        with self._lock:
-            if self._stop is not None:
-                self._stop.set()
-
-    def decode_partial(self) -> FakeTranscript:
-        with self._lock:
-            self._stop = stop = threading.Event()
-        try:
-            if stop.wait(LONG_DECODE_S):
-                raise PartialStopped("stopped")
-            return super().decode_partial()
-        finally:
-            with self._lock:
-                self._stop = None
-
-
 class QuickLLM(FakeLLM):
     turn_head = False
 
@@ -117,7 +89,8 @@ def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial
     tmp_path: Path,
 ) -> None:
     clip = spoken_clip(tmp_path)
-    rec = asyncio.run(record(clip, StoppableSlowRecognizer(), QuickLLM(), "system", pause_quiet_ms=32))  # type: ignore[arg-type]
+    recognizer, llm = StoppableFakeRecognizer(WORDS, LONG_DECODE_S), QuickLLM()
+    rec = asyncio.run(record(clip, recognizer, llm, "system", pause_quiet_ms=32))  # type: ignore[arg-type]
     slack_ns = TurnTakingOptions().heard_slack_ms * 1_000_000
     stopped = [i for i, s in enumerate(rec.scored) if s.stopped]
     assert stopped, "a partial was in flight when the pause partial fell due"

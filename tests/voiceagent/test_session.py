@@ -18,7 +18,7 @@ from tests.fakes import (
     FakeRecognizer,
     FakeSynthesizer,
     HeldRecognizer,
-    StoppableHeldRecognizer,
+    StoppableFakeRecognizer,
     WordChunker,
 )
 from voiceagent.cpu_lane import NO_LANE, CpuLane
@@ -450,7 +450,7 @@ def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial
 
     async def scenario(h: Harness) -> None:
         recognizer = h.recognizer
-        assert isinstance(recognizer, StoppableHeldRecognizer)
+        assert isinstance(recognizer, StoppableFakeRecognizer)
         await h.frames(LOUD, 16)  # the first partial starts at 300 ms and is held there
         await h.settle(lambda: recognizer.calls >= 1)
         if spoke_on:
@@ -465,7 +465,7 @@ def test_a_partial_that_could_not_end_the_turn_is_stopped_when_the_pause_partial
         await h.settle(lambda: bool(h.of(TurnEnded)))
 
     text = "please tell me the time now"
-    h = run(scenario, recognizer=StoppableHeldRecognizer(text), options=SessionOptions(late_pause_ms=0))
+    h = run(scenario, recognizer=StoppableFakeRecognizer(text), options=SessionOptions(late_pause_ms=0))
     stopped = [r for r in h.trace.records if r["event"] == "asr.partial_stopped"]
     assert h.recognizer.stopped == len(stopped) == (1 if spoke_on else 0)
     assert h.recognizer.calls == (2 if spoke_on else 1)
