@@ -17,6 +17,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 from engine.fair_lock import FairLock
+from engine.metrics import BlockTiming
 from tests.fakes import FakePipeline
 from tests.gateway.helpers import Client, client, fake_app, quiet, running, tone
 from tests.gateway.test_webrtc import build
@@ -101,6 +102,7 @@ class Block:
     def __init__(self, text: str, finish_reason: str | None) -> None:
         self.text, self.token_ids, self.finish_reason = text, [1], finish_reason
         self.n_drafted, self.n_accepted = 4, 2
+        self.timing = BlockTiming(draft_s=0.01, verify_s=0.02, committed_at=0.0)
 
 
 class StallingConversation:
