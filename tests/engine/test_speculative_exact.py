@@ -140,3 +140,33 @@ def test_closing_the_stream_leaves_a_usable_conversation() -> None:
     prompt = [1, 2, 3, 40, 41]
     again = ids_of(list(conv.generate(prompt, SamplingParams(max_new_tokens=20))))
     assert again == ids_of(run(reference, prompt, SamplingParams(max_new_tokens=20)))
+
+
+def test_after_a_fully_accepted_block_the_draft_catches_up_in_its_first_forward() -> None:
+    """The drafted token the draft never fed (all were accepted) rides along with the bonus token in the
+    next block's first draft forward: gamma draft forwards a block, not gamma + 1. Output unchanged."""
+    engine = tiny_engine("llama2", draft_noise=0.0, seed=3)  # the draft is the target: all accepted
+    conversation = engine.new_conversation()
+    draft = conversation.draft
+    assert draft is not None
+    fed: list[int] = []  # ids in each of the draft's forwards
+    feed = draft.feed
+
+    def counted(tokens, start, logits):  # type: ignore[no-untyped-def]
+        fed.append(len(tokens))
+        return feed(tokens, start, logits)
+
+    draft.feed = counted  # type: ignore[method-assign]
+    prompt, params = PROMPTS[1], SamplingParams(max_new_tokens=41)
+    blocks, marks = [], []
+    for block in conversation.generate(prompt, params, gamma=4):
+        blocks.append(block)
+        marks.append(len(fed))
+    forwards = [fed[a:b] for a, b in zip(marks, marks[1:], strict=False)]  # blocks 2.. each
+    after_all_accepted = [
+        feeds for before, feeds, block in zip(blocks, forwards, blocks[1:], strict=False)
+        if before.n_drafted == before.n_accepted == 4 and block.n_drafted == 4
+    ]  # fmt: skip
+    assert len(after_all_accepted) >= 5 and all(feeds == [2, 1, 1, 1] for feeds in after_all_accepted)
+    plain = tiny_engine("llama2", draft=None, seed=3)
+    assert ids_of(blocks) == ids_of(run(plain, prompt, params))
