@@ -199,6 +199,8 @@ class Generation:
                     started = self.clock()
                     prefill_state(draft, tokens)  # feeds the `unseen` ids (all but the last)
                     self._catch_up_s, self._caught_up = self.clock() - started, unseen
+                else:  # they ride along: their rows' share of this forward, at the measured cost an id
+                    self._catch_up_s = unseen * (self.engine.speculation.catch_up_id_s.value or 0.0)
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")
             assert logits is not None  # [1, V]
             if self.params.greedy:
