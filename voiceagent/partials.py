@@ -12,9 +12,8 @@ is in flight; one that was due while another ran starts as soon as that returns,
 pause stage its silence has passed; but a partial still decoding when a pause partial falls due, whose
 audio ends before the last words (a regular one, or one begun at an earlier pause the user spoke on past:
 it could not end the turn), is stopped (`pause_due`, `StoppableRecognizer`) so that the pause partial
-starts at once. A partial that returned in the silence
-having heard every word, and started the reply, stands in for the first pause partial
-(voiceagent/session.py), not for the late one.
+starts at once. A partial that returned in the silence having heard every word, and started the reply,
+stands in for the first pause partial (voiceagent/session.py), not for the late one.
 With `pause_quiet_ms` set, the first pause partial also starts once the audio has been quiet that long
 (`Endpointer.quiet_ms`: the level fell to the noise floor, ~96 ms ahead of Silero's silence over a
 microphone's noise), so its score can come sooner; the pause lasts until the audio is loud again.

@@ -201,8 +201,7 @@ class Session:
             self._stop_partial()
         kind = self.partials.due(t, silence_ms, busy=busy, heard=heard, quiet_ms=quiet_ms)
         if kind is not None:
-            heard_until_ns = t + FRAME_MS * 1_000_000
-            self._stoppable_until_ns = heard_until_ns
+            self._stoppable_until_ns = t + FRAME_MS * 1_000_000  # the audio it will hear
             self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
 
     def _stop_partial(self) -> None:
