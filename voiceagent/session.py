@@ -201,8 +201,11 @@ class Session:
             self._stop_partial()
         kind = self.partials.due(t, silence_ms, busy=busy, heard=heard, quiet_ms=quiet_ms)
         if kind is not None:
-            self._stoppable_until_ns = t + FRAME_MS * 1_000_000  # the audio it will hear
-            self._decoding = asyncio.create_task(self._partial(self.turn, t, pause=kind == "pause"))
+            heard_until_ns = t + FRAME_MS * 1_000_000  # the end of the audio it will hear
+            self._stoppable_until_ns = heard_until_ns
+            self._decoding = asyncio.create_task(
+                self._partial(self.turn, heard_until_ns, pause=kind == "pause")
+            )
 
     def _stop_partial(self) -> None:
         """A pause partial is due: stops the partial still decoding if its audio ends before the last words
@@ -346,9 +349,9 @@ class Session:
         self._reply.add_done_callback(lambda _: self._update_idle())
         self._update_idle()
 
-    async def _partial(self, turn: int, t_ns: int, pause: bool = False) -> None:
-        """A partial transcript of the audio up to the frame at `t_ns`: traced, scored, and a head start."""
-        heard_until_ns = t_ns + FRAME_MS * 1_000_000
+    async def _partial(self, turn: int, heard_until_ns: int, pause: bool = False) -> None:
+        """A partial transcript of the audio up to `heard_until_ns` (the end of the frame it was due at):
+        traced, scored, and a head start."""
         try:
             try:
                 transcript = await self.lane.in_thread(self.recognizer.decode_partial)

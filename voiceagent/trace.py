@@ -30,7 +30,7 @@ VAD_SPEECH_START = "vad.speech_start"
 VAD_SPEECH_END = "vad.speech_end"
 ASR_PARTIAL = "asr.partial"
 ASR_PARTIAL_ERROR = "asr.partial_error"
-ASR_PARTIAL_STOPPED = "asr.partial_stopped"  # a regular partial stopped for the pause partial (partials.py)
+ASR_PARTIAL_STOPPED = "asr.partial_stopped"  # a partial stopped for the pause partial (partials.py)
 ASR_FINAL = "asr.final"
 TURN_SCORE = "turn.score"  # a partial's end-of-turn score, its cost and the wait it set (endpointing.py)
 # The reply (session.py, reply.py).

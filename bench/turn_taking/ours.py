@@ -258,10 +258,9 @@ async def _partial(
     stop_after_s = None if stop_ns is None else (stop_ns - heard_until_ns) / 1e9
     transcript = _decode_partial(recognizer, stop_after_s)
     asr_s = time.perf_counter() - started
-    if transcript is None:
-        returned_ns = heard_until_ns + int(asr_s * 1e9)
-        return None, Scored(returned_ns, heard_until_ns, None, "", asr_s, 0.0, pause, True, stopped=True)
     returned_ns = heard_until_ns + int(asr_s * 1e9)
+    if transcript is None:
+        return None, Scored(returned_ns, heard_until_ns, None, "", asr_s, 0.0, pause, True, stopped=True)
     frame = min(len(vad.last_voiced_ns) - 1, returned_ns // FRAME_NS)
     if not pause and not heard_all(heard_until_ns, vad.last_voiced_ns[frame]):
         started = time.perf_counter()  # as `VoiceSession._head_start`: only while Silero hears speech
