@@ -6,7 +6,7 @@ confidences c_1..c_k (the draft's probability of its own choice), drafting token
 
     c_1 * ... * c_k * acceptance  *  target_step_s   >   draft_step_s + (verify_s(k+2) - verify_s(k+1))
 
-where `acceptance` is the running rate at which drafted tokens are accepted and verify_s(n) the cost of a
+where `acceptance` is the rate at which this generation's drafted tokens are accepted and verify_s(n) the cost of a
 target forward of n ids. A verify's cost is not linear in its rows (on a CPU a forward of 2+ ids may take
 another kernel than a one-id step), so the costs are a table by size: calibrated once per engine before its
 first adaptive block (`Engine.calibrate`: a few timed forwards of every size the policy may ask for), then
@@ -23,13 +23,17 @@ and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks hav
 pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a 38 ms
 step) probes then cost at most that share, instead of 2-9% of a run of 64-token replies (20% of one). The
 model is checked against what the drafting blocks of this generation really cost per committed token: when
-that is more than a plain step, its blocks are plain (with probes) until it is not. That check is a
-generation's own (the next reply starts from the shared costs and acceptance only): text that is hard to
-predict (a chat answer) must not keep the next reply (code, a list) from drafting until a probe happens by.
+that is more than a plain step, its blocks are plain (with probes) until it is not. That check, and the
+acceptance the model weighs, are a generation's own: each generation starts from the engine's long-run
+acceptance (over about the last ACCEPTANCE_PRIOR_BLOCKS blocks, several replies) and follows its own text
+from there. Text that is hard to predict (a chat answer whose acceptance fell to 0.4 by its end) must not
+keep the next reply (code, a list) from drafting until a probe happens by (the bench's C prompt after a
+chat answer: 61 of 63 blocks plain, 0.97x its own plain decoding, where it drafts at 1.5x after code).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 AUTO_MAX_GAMMA = 8
@@ -37,16 +41,21 @@ PROBE_EVERY = 8
 MAX_PROBE_EVERY = 64
 BEST_ACCEPTANCE = 0.98  # what the most predictable text (a repeated passage) reaches
 EMA_WEIGHT = 0.1  # weight of a new observation in the running means
+ACCEPTANCE_PRIOR_BLOCKS = 50  # the engine's long-run acceptance, which each generation starts from, follows
+# about this many blocks
 PACE_WEIGHT = 0.3  # weight of a block's pace in the running pace (a shared machine's speed moves in seconds)
 PROBE_BUDGET = 0.02  # the most of the blocks' time that probes may cost beyond the plain steps they replace
+RECENT_DRAFTED_BLOCKS = 8  # the generation's check weighs this many of its latest drafting blocks ...
+LEAST_DRAFTED_BLOCKS = 2  # ... and waits for this many: one rejected token alone costs ~1.4 plain steps
 
 
 @dataclass
 class RunningMean:
     value: float | None = None
+    weight: float = EMA_WEIGHT  # of a new observation
 
     def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - EMA_WEIGHT) * self.value + EMA_WEIGHT * x
+        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
 
 
 @dataclass
@@ -54,12 +63,12 @@ class SpeculationStats:
     """What the policy learns as the engine runs (shared by all generations on one engine).
 
     Seconds of one draft step and of a target forward by number of ids verified (calibrated, then
-    measured), and the running rate at which drafted tokens are accepted.
+    measured), and the long-run rate at which drafted tokens are accepted (each generation starts from it).
     """
 
     draft_step: RunningMean = field(default_factory=RunningMean)
     verify: dict[int, RunningMean] = field(default_factory=dict)
-    acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7))
+    acceptance: RunningMean = field(default_factory=lambda: RunningMean(0.7, 1 / ACCEPTANCE_PRIOR_BLOCKS))
     skipped: int = 0  # plain blocks since the last probe
     probe_every: int = PROBE_EVERY  # plain blocks between probes (doubles while probes find no gain)
     calibrated: bool = False
@@ -118,8 +127,7 @@ class SpeculationStats:
             if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
                 drafted_token_s = (draft_s + verify_s) / (n_accepted + 1) / self.pace
             self.draft_step.add(draft_s / n_drafted / self.pace)
-            # Per-token acceptance over the tokens that had a chance (none after the first rejection).
-            self.acceptance.add(n_accepted / min(n_drafted, n_accepted + 1))
+            self.acceptance.add(block_acceptance(n_drafted, n_accepted))
         self.verify.setdefault(rows, RunningMean()).add(verify_s / self.pace)
         return drafted_token_s
 
@@ -174,6 +182,32 @@ class SpeculationStats:
         return self.verify_s(1)
 
 
+def block_acceptance(n_drafted: int, n_accepted: int) -> float:
+    """A block's per-token acceptance over the tokens that had a chance (none after the first rejection)."""
+    return n_accepted / min(n_drafted, n_accepted + 1)
+
+
+@dataclass
+class RecentDraftingCost:
+    """Seconds per committed token over a generation's latest RECENT_DRAFTED_BLOCKS drafting blocks, by
+    token (a block that committed 4 tokens counts 4 times a block that committed 1). One rejected block
+    alone (at the start of a reply) stops nothing, nor do a few in a row after blocks that paid. A probe
+    that beat a plain step starts the window afresh: the text became predictable again, and the blocks
+    that stopped drafting no longer say what drafting costs (a chat answer's list after its preamble)."""
+
+    blocks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RECENT_DRAFTED_BLOCKS))
+
+    def add(self, token_s: float, n_committed: int, *, restart: bool = False) -> None:
+        if restart:
+            self.blocks.clear()
+        self.blocks.append((token_s * n_committed, n_committed))
+
+    def token_s(self) -> float | None:
+        if len(self.blocks) < LEAST_DRAFTED_BLOCKS:
+            return None
+        return sum(s for s, _ in self.blocks) / sum(n for _, n in self.blocks)
+
+
 @dataclass
 class DraftLength:
     """Decides, token by token, whether to draft one more. `adaptive=False` always drafts `max_gamma`."""
@@ -181,10 +215,15 @@ class DraftLength:
     max_gamma: int
     stats: SpeculationStats
     adaptive: bool = False
-    # Seconds per committed token of this generation's blocks that drafted (at the table's pace): the check
-    # on the cost model (a table timed at load on another context length, an acceptance that drifts) that
-    # stops drafting when drafting is in fact slower than plain steps.
-    drafted_token_s: RunningMean = field(default_factory=RunningMean)
+    # Seconds per committed token of this generation's recent blocks that drafted (at the table's pace): the
+    # check on the cost model (a table timed at load on another context length, an acceptance that drifts)
+    # that stops drafting when drafting is in fact slower than plain steps.
+    drafted_cost: RecentDraftingCost = field(default_factory=RecentDraftingCost)
+    # This generation's acceptance: from the engine's long-run rate, then following this text's blocks.
+    acceptance: RunningMean = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acceptance = RunningMean(self.stats.acceptance.value)
 
     @classmethod
     def parse(cls, gamma: int | str, stats: SpeculationStats) -> DraftLength:
@@ -207,11 +246,16 @@ class DraftLength:
     ) -> None:
         """A block of this generation: into the shared stats (`SpeculationStats.record`), and its cost per
         committed token into this generation's check."""
+        probe = self.stats.probing
         cost = self.stats.record(
             n_drafted, n_accepted, draft_s, verify_s, n_rows, catch_up_s=catch_up_s, n_caught_up=n_caught_up
         )
+        if n_drafted:
+            self.acceptance.add(block_acceptance(n_drafted, n_accepted))
         if cost is not None:
-            self.drafted_token_s.add(cost)
+            plain = self.stats.table_s(1)
+            beat_plain = probe and plain is not None and cost < plain
+            self.drafted_cost.add(cost, n_accepted + 1, restart=beat_plain)
 
     def may_draft(self) -> bool:
         """Will the next block draft? False for gamma 0, and for "auto" while blocks are plain steps (the
@@ -261,14 +305,14 @@ class DraftLength:
 
     def _drafting_measured_slower(self) -> bool:
         """Did the blocks that drafted commit their tokens more slowly than plain steps would have?"""
-        drafted, plain = self.drafted_token_s.value, self.stats.table_s(1)  # both at the table's pace
+        drafted, plain = self.drafted_cost.token_s(), self.stats.table_s(1)  # both at the table's pace
         return drafted is not None and plain is not None and drafted > plain
 
     def _costs(self) -> tuple[float, float, float] | None:
         target_step, draft_step = self.stats.target_step_s(), self.stats.draft_step_s()
         if target_step is None or draft_step is None:
             return None
-        acceptance = self.stats.acceptance.value if self.stats.acceptance.value is not None else 0.7
+        acceptance = self.acceptance.value if self.acceptance.value is not None else 0.7
         return target_step, draft_step, acceptance
 
     def _extra_verify_s(self, n_rows_from: int, n_rows_to: int) -> float:
@@ -276,8 +320,8 @@ class DraftLength:
         return 0.0 if low is None or high is None else max(0.0, high - low)
 
     def _block_pays(self, most: int, acceptance: float | None = None) -> bool:
-        """Is some draft length 1..most expected to beat a plain step (at `acceptance`, default the
-        running rate)?"""
+        """Is some draft length 1..most expected to beat a plain step (at `acceptance`, default this
+        generation's rate)?"""
         costs = self._costs()
         if costs is None:
             return True  # nothing measured yet: draft, and measure

@@ -2,7 +2,14 @@
 
 import pytest
 
-from engine.adaptive import AUTO_MAX_GAMMA, PROBE_BUDGET, PROBE_EVERY, DraftLength, SpeculationStats
+from engine.adaptive import (
+    AUTO_MAX_GAMMA,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    RECENT_DRAFTED_BLOCKS,
+    DraftLength,
+    SpeculationStats,
+)
 from engine.sampling import SamplingParams
 from tests.fakes import tiny_engine
 
@@ -38,7 +45,7 @@ def test_auto_falls_back_to_plain_decoding_and_probes_less_and_less() -> None:
     decisions = [length.should_draft(0, 1.0, limit=20) for _ in range(7 * PROBE_EVERY)]
     probes = [i + 1 for i, drafted in enumerate(decisions) if drafted]
     assert probes == [PROBE_EVERY, 3 * PROBE_EVERY, 7 * PROBE_EVERY]  # 8, then 16, then 32 blocks apart
-    length.stats.acceptance.value = 0.9  # the text became predictable (a probe was accepted)
+    length.acceptance.value = 0.9  # the text became predictable (a probe was accepted)
     assert length.should_draft(0, 1.0, limit=20) and length.stats.probe_every == PROBE_EVERY
 
 
@@ -100,10 +107,48 @@ def test_auto_stops_drafting_when_drafted_blocks_ran_slower_than_plain_steps() -
     for _ in range(30):  # ... but blocks of 4 drafts committed 1 token in 0.2 s: twice a plain step
         length.record(4, 0, 0.05, 0.150)
         length.record(0, 0, 0.0, 0.100)
-    length.stats.acceptance.value = 0.8
+    length.acceptance.value = 0.8
     assert not length.should_draft(0, 1.0, limit=20)
     # That check is the generation's own: the next reply starts from the shared costs and acceptance.
     assert DraftLength.parse("auto", length.stats).should_draft(0, 1.0, limit=20)
+
+
+def test_one_rejected_block_does_not_stop_drafting_and_an_accepted_probe_resumes_it() -> None:
+    """The check weighs a generation's latest drafting blocks by the tokens they committed: a reply's first
+    rejected token (a block costing ~1.4 plain steps) stops nothing; after a run of rejections, a probe
+    that beats a plain step resumes drafting (the bench's C prompt after a chat answer had stayed plain
+    for 61 of 63 blocks)."""
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.050, 2: 0.055, 4: 0.060}, draft_step_s=0.015)
+    stats.run_s = 100.0  # an engine that has run a while: probes are affordable
+    length = DraftLength.parse("auto", stats)
+    length.record(1, 0, 0.015, 0.055)  # 70 ms for one token against a 50 ms step
+    assert length.should_draft(0, 1.0, limit=20)
+    for _ in range(RECENT_DRAFTED_BLOCKS):
+        length.record(1, 0, 0.015, 0.055)
+    length.acceptance.value = 0.7  # the cost model alone would draft: the measured blocks decide
+    decisions = [length.should_draft(0, 1.0, limit=20) for _ in range(PROBE_EVERY)]
+    assert decisions == [False] * (PROBE_EVERY - 1) + [True] and stats.probing
+    length.record(3, 3, 0.045, 0.060)  # the probe: 4 tokens in 105 ms
+    assert length.should_draft(0, 1.0, limit=20)
+
+
+def test_each_generation_starts_from_the_engine_s_long_run_acceptance() -> None:
+    """A reply whose text the draft stopped predicting (its acceptance fell to 0) drafts less and less, but
+    the next reply starts from the long-run rate, not from that reply's end."""
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.050, 2: 0.055, 4: 0.060}, draft_step_s=0.015)
+    for _ in range(40):
+        stats.record(3, 2, 0.045, 0.060)  # earlier replies: acceptance 2/3
+    chat = DraftLength.parse("auto", stats)
+    assert chat.acceptance.value == pytest.approx(stats.acceptance.value)
+    for _ in range(20):
+        chat.record(1, 0, 0.015, 0.055)
+    assert chat.acceptance.value is not None and chat.acceptance.value < 0.15
+    assert not chat.should_draft(0, 1.0, limit=20)
+    code = DraftLength.parse("auto", stats)
+    assert code.acceptance.value is not None and code.acceptance.value > 0.4
+    assert code.should_draft(0, 1.0, limit=20)
 
 
 def test_the_verify_cost_table_is_interpolated_by_size() -> None:
