@@ -6,29 +6,29 @@ confidences c_1..c_k (the draft's probability of its own choice), drafting token
 
     c_1 * ... * c_k * acceptance  *  target_step_s   >   draft_step_s + (verify_s(k+2) - verify_s(k+1))
 
-where `acceptance` is the rate at which this generation's drafted tokens are accepted and verify_s(n) the cost of a
-target forward of n ids. A verify's cost is not linear in its rows (on a CPU a forward of 2+ ids may take
-another kernel than a one-id step), so the costs are a table by size: calibrated once per engine before its
-first adaptive block (`Engine.calibrate`: a few timed forwards of every size the policy may ask for), then
-kept up to date by the blocks themselves. Whether a block drafts at all is decided over the whole length:
-some g in 1..max must be expected to beat a plain step (sum of acceptance^i over i = 1..g target steps won,
-against g draft steps and the larger verify). When none does, the block is a plain step. A probe (one
-token drafted anyway) keeps the acceptance tracking a conversation whose text becomes easier to predict,
-but a probe is not free: the draft first catches up on every id committed since it last ran. So probes
-come after PROBE_EVERY plain blocks, then twice as far apart after each probe that did not make drafting
-pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if every token were accepted
-(a draft as slow as the target, or a verify of 2 ids costing two steps). A probe also waits while the
-probes so far and its own expected cost (the catch-up at the draft's measured seconds an id, one draft step
-and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks have run: where drafting never
-pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a 38 ms
-step) probes then cost at most that share, instead of 2-9% of a run of 64-token replies (20% of one). The
-model is checked against what the drafting blocks of this generation really cost per committed token: when
-that is more than a plain step, its blocks are plain (with probes) until it is not. That check, and the
+where `acceptance` is the rate at which this generation's drafted tokens are accepted and verify_s(n) the
+cost of a target forward of n ids. A verify's cost is not linear in its rows (on a CPU a forward of 2+ ids
+may take another kernel than a one-id step), so the costs are a table by size: calibrated once per engine
+before its first adaptive block (`Engine.calibrate`: a few timed forwards of every size the policy may ask
+for), then kept up to date by the blocks themselves. Whether a block drafts at all is decided over the whole
+length: some g in 1..max must be expected to beat a plain step (sum of acceptance^i over i = 1..g target
+steps won, against g draft steps and the larger verify). When none does, the block is a plain step. A probe
+(one token drafted anyway) keeps the acceptance tracking a conversation whose text becomes easier to
+predict, but a probe is not free: the draft first catches up on every id committed since it last ran. So
+probes come after PROBE_EVERY plain blocks, then twice as far apart after each probe that did not make
+drafting pay (up to MAX_PROBE_EVERY), and never where drafting could not pay even if every token were
+accepted (a draft as slow as the target, or a verify of 2 ids costing two steps). A probe also waits while
+the probes so far and its own expected cost (the catch-up at the draft's measured seconds an id, one draft
+step and the verify's extra row) would exceed PROBE_BUDGET of the time the blocks have run: where drafting
+never pays (2 CPU cores: AMD EPYC AVX-512, a 0.5B draft's catch-up on a 60-id conversation ~0.3 s against a
+38 ms step) probes then cost at most that share, instead of 2-9% of a run of 64-token replies (20% of one).
+The model is checked against what the drafting blocks of this generation really cost per committed token:
+when that is more than a plain step, its blocks are plain (with probes) until it is not. That check, and the
 acceptance the model weighs, are a generation's own: each generation starts from the engine's long-run
 acceptance (over about the last ACCEPTANCE_PRIOR_BLOCKS blocks, several replies) and follows its own text
 from there. Text that is hard to predict (a chat answer whose acceptance fell to 0.4 by its end) must not
-keep the next reply (code, a list) from drafting until a probe happens by (the bench's C prompt after a
-chat answer: 61 of 63 blocks plain, 0.97x its own plain decoding, where it drafts at 1.5x after code).
+keep the next reply (code, a list) from drafting until a probe happens by (the bench's C prompt after a chat
+answer: 61 of 63 blocks plain, 0.97x its own plain decoding, where it drafts at 1.5x after code).
 """
 
 from __future__ import annotations
