@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -25,6 +25,7 @@ from engine.detokenize import Tokenizer
 from engine.fair_lock import FairLock
 from engine.generation import Generation
 from engine.metrics import EngineMetrics
+from engine.model import Transformer
 from engine.proposal import Proposal
 from engine.sampling import SamplingParams
 from engine.state import (  # re-exported: the engine's types and its prefill schedule
@@ -265,6 +266,14 @@ class Engine:
         self._default: Conversation | None = None
         # "target" / "draft" -> that model's trained end-of-turn head (engine/turn_head.py), from load_engine
         self.turn_heads: dict[str, TurnHead] = {}
+
+    def pause_between_layers(self, hook: Callable[[], None] | None) -> None:
+        """Runs `hook()` between the layers of every forward of the target and the draft (PyTorch models on
+        the CPU; llama.cpp's graph runs whole, and a GPU's forwards are captured): a caller sharing the CPU
+        with other work may hold a forward there (voiceagent/cpu_lane.py). None: no hook."""
+        for model in (self.target, self.draft):
+            if isinstance(model, Transformer) and model.device.type == "cpu":
+                model.between_layers = hook
 
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,

@@ -3,11 +3,16 @@
 Shapes: T = tokens in this forward, S = key positions attended (kv_len), H = query heads, KVH = key/value
 heads, D = head_dim, V = vocabulary. The cache is indexed by absolute position, so rolling back after a
 rejected draft is simply attending fewer positions next time: the stale slots get overwritten.
+
+`Transformer.between_layers`, when set, runs between a forward's layers: a caller that shares the CPU with
+other work (voiceagent/cpu_lane.py: speech recognition and synthesis) may hold the forward there, so the
+two take turns within a forward instead of sharing the cores. It is not set on a GPU (CUDA graphs).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, cast
 
 import torch
@@ -194,6 +199,7 @@ class Transformer(nn.Module):
             None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
         )
         self.quantization = "none"  # or the weight-only format engine.quant applied
+        self.between_layers: Callable[[], None] | None = None  # see the module docstring
         cos, sin = rope_tables(args, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -237,7 +243,10 @@ class Transformer(nn.Module):
             sin=self.rope_sin[input_pos].to(x.dtype),
             masks=attention_masks(input_pos, kv_len, set(self.args.layer_windows)),
         )
+        pause = self.between_layers
         for i, layer in enumerate(self.blocks):
+            if pause is not None and i:
+                pause()
             x = layer(x, at, cache.k[i], cache.v[i])
         if logits == "none":
             return None

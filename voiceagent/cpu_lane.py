@@ -8,11 +8,14 @@ first audio from 81 ms (alone, 2 threads) to 193 ms (1 thread, beside the engine
 than sharing.
 
 A speech job (a partial or final transcript, a phrase's audio) is what the user waits for, and it is short;
-an engine forward may be long (a prefill) and cannot be stopped halfway. So speech jobs never wait: they
-start at once (beside the forward in flight, if any) and the engine waits before its next forward (a block,
-a prefill, a score) until the jobs running when it asked have ended (jobs begun meanwhile do not lengthen
-the wait, so many sessions' jobs cannot starve it). The engine loses at most the jobs' own time; a phrase's
-audio overlaps at most the rest of one forward.
+an engine forward may be long (a prefill of a few ids: 55-150 ms on 2 cores). So speech jobs never wait:
+they start at once, and the engine waits before its next forward (a block, a prefill, a score) until the
+jobs running when it asked have ended (jobs begun meanwhile do not lengthen the wait, so many sessions'
+jobs cannot starve it). A forward in flight when a job begins holds at its next layer (`pause_point`, run
+between the layers of the engine's PyTorch models: `Engine.pause_between_layers`) until that job ends: the
+job shares the cores with at most one layer (~2-5 ms). Each job holds the engine once at most, for at most
+MAX_ENGINE_WAIT_S, so a stuck synthesiser cannot stall a forward layer after layer. The engine loses at
+most the jobs' own time.
 
 Where the LLM is a local engine on the CPU, the pipeline has one `CpuLane` for its engine; with a remote LLM
 or an engine on a GPU there is none (`NO_LANE`): nothing waits.
@@ -46,6 +49,7 @@ class CpuLane:
         self._idle = threading.Condition()
         self._running: set[int] = set()  # the tickets of the speech jobs computing now
         self._tickets = itertools.count(1)
+        self._waited_through = 0  # the engine has waited for every job up to this ticket
 
     def begin(self) -> int:
         """A speech job starts: returns its ticket, for `end` once it is done. From now on the engine's next
@@ -87,7 +91,20 @@ class CpuLane:
             return
         with self._idle:
             waiting_for = set(self._running)
+            self._waited_through = max(waiting_for, default=self._waited_through)
             self._idle.wait_for(lambda: not waiting_for & self._running, timeout_s)
+
+    def pause_point(self) -> None:
+        """Called by the engine between a forward's layers: returns at once unless a speech job has begun
+        since the engine last waited; then once those jobs have ended (or after MAX_ENGINE_WAIT_S)."""
+        if not self._running:  # the usual case, without the lock: a job begun just now is seen next layer
+            return
+        with self._idle:
+            new = {ticket for ticket in self._running if ticket > self._waited_through}
+            if not new:
+                return
+            self._waited_through = max(new)
+            self._idle.wait_for(lambda: not new & self._running, MAX_ENGINE_WAIT_S)
 
     def settle(self, loop: asyncio.AbstractEventLoop) -> None:
         """Called by the engine's worker thread after handing a block to `loop`: returns once the loop has

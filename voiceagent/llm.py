@@ -334,8 +334,14 @@ def load_local_engine(settings: Settings) -> Engine:
 
 
 def engine_lane(engine: Engine | None) -> CpuLane:
-    """A CPU lane for a local engine on the CPU (one per engine); none (`NO_LANE`) on a GPU or without."""
-    return CpuLane() if engine is not None and engine.target.device.type == "cpu" else NO_LANE
+    """A CPU lane for a local engine on the CPU (one per engine); none (`NO_LANE`) on a GPU or without.
+    The engine's forwards also hold between their layers for a speech job begun meanwhile
+    (`CpuLane.pause_point`; PyTorch models: llama.cpp's graph runs whole)."""
+    if engine is None or engine.target.device.type != "cpu":
+        return NO_LANE
+    lane = CpuLane()
+    engine.pause_between_layers(lane.pause_point)
+    return lane
 
 
 def connect_llm(settings: Settings, engine: Engine | None = None) -> LLM:

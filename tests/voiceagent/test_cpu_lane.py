@@ -65,9 +65,60 @@ def test_without_a_lane_nothing_waits() -> None:
     assert not NO_LANE.active and not NO_LANE.busy()
 
 
-def test_a_cpu_engine_has_a_lane() -> None:
-    assert engine_lane(tiny_engine()).active
+def test_a_cpu_engine_has_a_lane_its_forwards_wait_for_between_layers() -> None:
+    engine = tiny_engine()
+    lane = engine_lane(engine)
+    assert lane.active and engine.target.between_layers == lane.pause_point
+    assert engine.draft is not None and engine.draft.between_layers == lane.pause_point
     assert not engine_lane(None).active
+
+
+def test_a_forward_in_flight_holds_between_layers_for_a_speech_job_begun_meanwhile() -> None:
+    """A partial transcript falls due while the engine is mid-forward (a prefill of the user's words): the
+    forward holds at its next layer until the partial is done, instead of sharing the cores with it."""
+    engine = tiny_engine()
+    lane = engine_lane(engine)
+    n_layers = len(engine.target.blocks)
+    layers_run: list[int] = []
+    job: list[int] = []
+    pause = engine.target.between_layers
+    assert pause is not None
+
+    def hook() -> None:
+        layers_run.append(len(layers_run) + 1)
+        if len(layers_run) == 1:
+            job.append(lane.begin())  # the partial begins while layer 1 has run
+        pause()
+
+    engine.target.between_layers = hook
+    conversation = engine.new_conversation()
+    forward = threading.Thread(target=conversation.prefill, args=([1, 2, 3, 4, 5],))
+    forward.start()
+    forward.join(0.3)
+    assert forward.is_alive() and layers_run == [1]  # held after layer 1 while the partial runs
+    lane.end(job[0])
+    forward.join(5)
+    assert not forward.is_alive() and len(layers_run) == n_layers - 1
+    assert conversation.target.valid == 4  # the prefill completed: every layer ran
+
+
+def test_a_job_holds_the_engine_between_layers_once_at_most() -> None:
+    """A stuck job (a synthesiser that never returns) holds a forward once, up to MAX_ENGINE_WAIT_S, not at
+    every layer after; a job the engine already waited for before the forward does not hold it again."""
+    lane = CpuLane()
+    stuck = lane.begin()
+    held = threading.Thread(target=lane.pause_point)
+    held.start()
+    held.join(0.2)
+    assert held.is_alive()  # held for the job begun
+    lane.end(stuck)
+    held.join(2)
+    waited = lane.begin()
+    lane.wait_turn(timeout_s=0.01)  # the engine gave up on it before its forward
+    for _ in range(28):  # the forward's layers: none holds for it again
+        lane.pause_point()
+    assert lane.busy()
+    lane.end(waited)
 
 
 def test_the_next_block_waits_for_the_phrase_its_predecessor_ended() -> None:
