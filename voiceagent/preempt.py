@@ -161,22 +161,25 @@ class Preemption:
         self.reply: PreemptiveReply | None = None
         self._carried: list[int] = []  # the ids of a reply stopped by stop_other, for the next one
         self.prefilling: asyncio.Task[bool] | None = None
-        self.prefilled = 0  # words of this utterance fed so far
+        self.prefilled = ""  # the words of this utterance fed last
 
-    def prefill(self, turn: int, messages: Sequence[Message], n_words: int) -> None:
-        """Feeds the user's words so far (the last message, `n_words` long) to the draft model (and on a
-        CPU the target) while they speak (see Conversation.prefill), when there are more than last time
-        and none is in flight."""
+    def prefill(self, turn: int, messages: Sequence[Message], words: str) -> None:
+        """Feeds the user's words so far (`words`, the last message) to the draft model (and on a CPU the
+        target) while they speak (see Conversation.prefill), unless none is in flight or they are the
+        words fed last or a prefix of them (their ids are cached). Words that differ from a guess fed
+        before ("how many days are there in" after "how many days are you going to") are fed: the cache
+        keeps the shared prefix, so only the changed words cost a forward."""
+        fed = self.prefilled.split()
         if (
             not self.prefill_while_speaking
             or not isinstance(self.llm, PrefillingLLM)
-            or n_words <= self.prefilled
+            or words.split() == fed[: len(words.split())]
             or (self.prefilling is not None and not self.prefilling.done())
         ):
             return
-        self.prefilled = n_words
+        self.prefilled = words
         self.prefilling = asyncio.create_task(self.llm.prefill(messages, draft_only=True))
-        self.trace.write(LLM_PREFILL, turn, words=n_words)
+        self.trace.write(LLM_PREFILL, turn, words=len(words.split()))
 
     async def stop_other(self, turn: int, messages: Sequence[Message]) -> None:
         """Stops a reply to other words than `messages` and waits until its stream is closed, so the LLM

@@ -307,7 +307,7 @@ class Session:
         self.turn += 1
         self._utterance_open = True
         self._utterance_start_ns = edge.t_ns
-        self.preemption.prefilled = 0
+        self.preemption.prefilled = ""
         self.partials.start_utterance(edge.confirmed_ns)
         start_utterance(self.recognizer, over_reply)  # (waits for a final still decoding to take its audio)
         self._push_held_frames()  # the audio since the last speech_end begins this utterance
@@ -394,7 +394,7 @@ class Session:
             self.preemption.start(turn, self._with_user(text), text, heard_ns)
         elif not pause and silence_ms == 0.0:
             ahead = words_ahead(stable, text)
-            self.preemption.prefill(turn, self._with_user(ahead), len(ahead.split()))
+            self.preemption.prefill(turn, self._with_user(ahead), ahead)
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
         try:

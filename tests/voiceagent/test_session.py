@@ -17,6 +17,7 @@ from tests.fakes import (
     FakeProposingLLM,
     FakeRecognizer,
     FakeSynthesizer,
+    FakeTranscript,
     HeldRecognizer,
     StoppableFakeRecognizer,
     WordChunker,
@@ -378,6 +379,35 @@ def test_the_words_fed_while_the_user_speaks_run_ahead_of_the_stable_ones() -> N
     # The first partial with words to feed heard 3: none stable yet, and two are fed (the stable words: one
     # partial later, one word).
     assert fed[0] == "please tell", fed
+
+
+def test_words_that_differ_from_an_earlier_guess_are_fed_though_fewer() -> None:
+    """The recogniser's guess ran past the words and was wrong ("how many days are you going to take");
+    the next partials' words are fewer or as many, but differ: they are fed, so the draft has the real
+    words when the reply starts (counting words fed none of them)."""
+
+    class Guessing(FakeRecognizer):
+        partials = [
+            ("how", "how many days are you going to take"),
+            ("how many days are", "how many days are there in a"),
+            ("how many days are there in", "how many days are there in a leap"),
+            ("how many days are there in a", "how many days are there in a leap"),
+        ]
+
+        def decode_partial(self) -> FakeTranscript:
+            stable, text = self.partials[min(self.frames // 16, len(self.partials) - 1)]
+            return FakeTranscript(stable, text)
+
+    async def scenario(h: Harness) -> None:
+        await h.frames(LOUD, 64)
+        await h.frames(QUIET, 12)
+        await h.settle(lambda: bool(h.of(TurnEnded)))
+
+    h = run(scenario, recognizer=Guessing("how many days are there in a leap year"))
+    fed = [messages[-1]["content"] for messages, _ in h.llm.prefills]
+    assert fed[0] == "how many days are you going to", fed
+    assert "how many days are there in" in fed and "how many days are there in a" in fed, fed
+    assert len(fed) == len(set(fed))  # the same words are not fed twice
 
 
 @pytest.mark.parametrize(
