@@ -53,6 +53,16 @@ __all__ = [
 ]
 
 
+# The target is fed the user's words while they speak where a forward of 9 ids costs over this many one-id
+# steps: then each id it takes ahead is one the reply's first verify need not carry (~5 ms an id on 2
+# AVX-512 cores, a 9-id forward 1.7-1.85x a step). The session holds those forwards between layers while a
+# partial transcript decodes (voiceagent/cpu_lane.py), so feeding them does not delay the partials.
+# `python -m voiceagent bench`, alternating with the target left out (2x), 2026-12-07: the reply's start to
+# its first committed block 167 against 239 ms p50, 291-310 against 328-359 ms after the end of speech
+# (bench/results/2026-12-07-cpu-xeon-amx-167-feed-ahead.md).
+FEED_AHEAD_GROWTH = 1.25
+
+
 class Conversation:
     """A conversation's caches on one engine. Generations on it run one at a time."""
 
@@ -101,8 +111,8 @@ class Conversation:
 
         `draft_only`: on a GPU the target's forward costs barely grow for a few dozen ids (memory-bound),
         so ahead of time it pays to feed the draft only, and the target takes the ids with its first
-        verification. Where the target's forwards do grow with the ids (compute-bound: every CPU measured
-        here, `SpeculationStats.forwards_grow_with_ids`) or there is no draft, the target is fed too.
+        verification. Where the target's forwards grow with the ids (`feeds_target_ahead`: every CPU
+        measured here) or there is no draft, the target is fed too.
         """
         prompt = self.engine.check_prompt(prompt_ids, self.max_seq_len)
         if not self._lock.acquire(blocking=False):
@@ -208,8 +218,8 @@ class Conversation:
 
     def feeds_target_ahead(self) -> bool:
         """Whether `prefill(..., draft_only=True)` feeds the target too: no draft, or a target whose
-        forwards grow with the ids (every CPU measured here)."""
-        return self.draft is None or self.engine.speculation.forwards_grow_with_ids()
+        forwards grow with the ids by over FEED_AHEAD_GROWTH (every CPU measured here, not a GPU)."""
+        return self.draft is None or self.engine.speculation.forwards_grow_with_ids(FEED_AHEAD_GROWTH)
 
     def reuse_prefix(self, prompt: list[int]) -> int:
         """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.generate import Engine
+from engine.generate import FEED_AHEAD_GROWTH, Engine
 from engine.load import chat_prompt, load_engine
 from engine.sampling import SamplingParams
 from engine.turn_end import ScoreModel, turn_marks, user_words
@@ -88,7 +88,7 @@ def test_auto_scores_on_the_target_where_it_is_fed_ahead(pair: Engine) -> None:
     the same score as the target's, and its cache holds the words."""
     words = words_of(pair, "How far away is the moon")
     auto, target = pair.new_conversation(), pair.new_conversation()
-    assert auto.feeds_target_ahead() == pair.speculation.forwards_grow_with_ids()
+    assert auto.feeds_target_ahead() == pair.speculation.forwards_grow_with_ids(FEED_AHEAD_GROWTH)
     score = auto.end_of_turn_probability(words, model="auto")
     expected = target.end_of_turn_probability(words, model="target" if auto.feeds_target_ahead() else "draft")
     assert score is not None and score == pytest.approx(expected, abs=1e-4)
