@@ -136,7 +136,7 @@ class SpeculationStats:
         ones (not a first block's prompt tail, which the table only extrapolates to)."""
         measured = self._measured()
         expected = self.table_s(rows)
-        if expected is None or rows > measured[-1][0]:
+        if expected is None or expected <= 0.0 or rows > measured[-1][0]:
             return
         self.pace = (1 - PACE_WEIGHT) * self.pace + PACE_WEIGHT * verify_s / expected
 

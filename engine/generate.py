@@ -12,6 +12,7 @@ a prefix with what is committed re-uses it; anything after the shared prefix is 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -274,6 +275,10 @@ class Engine:
         # this engine step under it, first come first served.
         self.lock = FairLock()
         self._default: Conversation | None = None
+        # Seconds forwards have spent held by the `pause_between_layers` hook (the engine's clock): the
+        # costs the adaptive draft length learns leave them out (a forward held while a phrase's audio
+        # renders is not a slower forward).
+        self.paused_s = 0.0
         # "target" / "draft" -> that model's trained end-of-turn head (engine/turn_head.py), from load_engine
         self.turn_heads: dict[str, TurnHead] = {}
 
@@ -281,9 +286,15 @@ class Engine:
         """Runs `hook()` between the layers of every forward of the target and the draft (PyTorch models on
         the CPU; llama.cpp's graph runs whole, and a GPU's forwards are captured): a caller sharing the CPU
         with other work may hold a forward there (voiceagent/cpu_lane.py). None: no hook."""
+        timed = None if hook is None else functools.partial(self._held, hook)
         for model in (self.target, self.draft):
             if isinstance(model, Transformer) and model.device.type == "cpu":
-                model.between_layers = hook
+                model.between_layers = timed
+
+    def _held(self, hook: Callable[[], None]) -> None:
+        started = self.clock()
+        hook()
+        self.paused_s += self.clock() - started
 
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,

@@ -116,45 +116,56 @@ class Generation:
         remaining = self.params.max_new_tokens - self.stats.n_generated
         cache_room = self.conv.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
         limit = max(0, min(remaining - 1, cache_room))
-        t0 = self.clock()
+        t0, held0 = self.clock(), self.engine.paused_s
         draft_tokens, draft_probs = self._propose(limit)
         if self._cancelled():
             return None
         gamma = draft_tokens.shape[0]
         n_rows = n_before - self.conv.target.valid + gamma  # pending ids (1, 2, or a prompt's tail) + drafts
-        t1 = self.clock()
-        drafting_s = t1 - t0 - self._catch_up_s  # what the drafted tokens cost, not the catch-up
+        t1, held1 = self.clock(), self.engine.paused_s
+        # What the drafted tokens cost: not the catch-up, nor the time forwards were held for speech jobs
+        drafting_s = t1 - t0 - (held1 - held0) - self._catch_up_s
         verdict = self._verify(draft_tokens, draft_probs)
         t2 = self.clock()
+        verifying_s = t2 - t1 - (self.engine.paused_s - held1)
         committed = [*draft_tokens.tolist()[: verdict.n_accepted], verdict.next_token]
         self._commit(committed, verdict, gamma)
         committed, finish_reason = self._apply_limits(committed, n_before)
         text = self.text.push(committed, final=finish_reason is not None)
         if self.text.stopped:
             finish_reason = "stop"
-        self._record(gamma, verdict.n_accepted, len(committed), (t1 - t0, drafting_s, t2 - t1), n_rows)
+        self._record(
+            gamma, verdict.n_accepted, len(committed), (t1 - t0, drafting_s, t2 - t1, verifying_s), n_rows
+        )
         timing = BlockTiming(draft_s=t1 - t0, verify_s=t2 - t1, committed_at=self.clock())
         block = CommittedBlock(tuple(committed), text, gamma, verdict.n_accepted, n_before, timing)
         return block, finish_reason
 
     def _record(
-        self, gamma: int, n_accepted: int, n_committed: int, seconds: tuple[float, float, float], n_rows: int
+        self,
+        gamma: int,
+        n_accepted: int,
+        n_committed: int,
+        seconds: tuple[float, float, float, float],
+        n_rows: int,
     ) -> None:
-        """The block's figures; `seconds`: (draft step, what its drafted tokens cost, verify)."""
-        draft_s, drafting_s, verify_s = seconds
+        """The block's figures; `seconds`: (draft step, what its drafted tokens cost, verify, what the verify
+        cost): the costs, which the adaptive draft length learns, leave out the time forwards were held
+        (`Engine.pause_between_layers`); the block's own figures are wall time."""
+        draft_s, drafting_s, verify_s, verifying_s = seconds
         if self._from_proposal:  # not the draft's work: only the verify's cost by rows is learnt
             assert self.proposal is not None
             self.proposal.follow(self.conv.tokens[len(self.prompt) :])
             self.stats.n_proposed, self.stats.n_proposal_kept = self.proposal.n_proposed, self.proposal.n_kept
             self.stats.record_block(0, 0, n_committed, draft_s, verify_s)
-            self.engine.speculation.record(0, 0, 0.0, verify_s, n_rows)
+            self.engine.speculation.record(0, 0, 0.0, verifying_s, n_rows)
             return
         self.stats.record_block(gamma, n_accepted, n_committed, draft_s, verify_s)
         self.draft_length.record(
             gamma,
             n_accepted,
             drafting_s,
-            verify_s,
+            verifying_s,
             n_rows,
             catch_up_s=self._catch_up_s,
             n_caught_up=self._caught_up,
@@ -196,9 +207,10 @@ class Generation:
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
                 # more after plain blocks, which do not run the draft)
                 if unseen > MERGED_CATCH_UP:  # a long one, chunked and timed apart: not drafting
-                    started = self.clock()
+                    started, held = self.clock(), self.engine.paused_s
                     prefill_state(draft, tokens)  # feeds the `unseen` ids (all but the last)
-                    self._catch_up_s, self._caught_up = self.clock() - started, unseen
+                    caught_up_s = self.clock() - started - (self.engine.paused_s - held)
+                    self._catch_up_s, self._caught_up = caught_up_s, unseen
                 else:  # they ride along: their rows' share of this forward, at the measured cost an id
                     self._catch_up_s = unseen * (self.engine.speculation.catch_up_id_s.value or 0.0)
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")

@@ -1,5 +1,7 @@
 """Adaptive speculation length: decisions from measured costs and acceptance, and still exact."""
 
+from typing import Any
+
 import pytest
 
 from engine.adaptive import (
@@ -252,3 +254,32 @@ def test_the_first_plain_tokens_are_plain_steps_only_where_forwards_grow_with_th
     assert [t for b in blocks for t in b.token_ids] == expected
     with pytest.raises(ValueError, match="plain_tokens"):
         auto.new_conversation().generate(prompt, params, plain_tokens=-1)
+
+
+def test_time_forwards_are_held_for_speech_is_not_a_cost_the_draft_length_learns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forward held between layers while a phrase's audio renders (`Engine.pause_between_layers`) is not
+    a slower forward: the costs recorded for the adaptive length leave the held time out (a voice session's
+    draft steps measured 106-131 ms instead of ~25 while held, and its replies stopped drafting), while
+    the block's own timing keeps the wall time."""
+    engine = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma=3)
+    now = [0.0]  # the engine's clock: only the holds advance it
+    engine.clock = lambda: now[0]
+
+    def held() -> None:
+        now[0] += 1.0
+
+    engine.pause_between_layers(held)
+    recorded: list[tuple[float, float, float]] = []
+    record = engine.speculation.record
+
+    def spy(n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *args: Any, **kw: Any) -> Any:
+        recorded.append((draft_s, verify_s, kw.get("catch_up_s", 0.0)))
+        return record(n_drafted, n_accepted, draft_s, verify_s, *args, **kw)
+
+    monkeypatch.setattr(engine.speculation, "record", spy)
+    blocks = list(engine.new_conversation().generate([1, 2, 3, 4], SamplingParams(max_new_tokens=12)))
+    assert engine.paused_s >= len(blocks)  # every block's forwards were held
+    assert recorded and all(seconds == (0.0, 0.0, 0.0) for seconds in recorded), recorded
+    assert all(b.timing.verify_s >= 1.0 for b in blocks)  # wall time: every verify was held
