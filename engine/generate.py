@@ -58,8 +58,8 @@ __all__ = [
 # steps: then each id it takes ahead is one the reply's first verify need not carry (~5 ms an id on 2
 # AVX-512 cores, a 9-id forward 1.7-1.85x a step). The session holds those forwards between layers while a
 # partial transcript decodes (voiceagent/cpu_lane.py), so feeding them does not delay the partials.
-# `python -m voiceagent bench`, alternating with the target left out (2x), 2026-12-07: the reply's start to
-# its first committed block 167 against 239 ms p50, 291-310 against 328-359 ms after the end of speech
+# `python -m voiceagent bench`, 2026-12-07, against the target left out (2x): the reply's start to its
+# first committed block 167-218 against 238-240 ms p50, 291-347 against 328-359 ms after the end of speech
 # (bench/results/2026-12-07-cpu-xeon-amx-167-feed-ahead.md).
 FEED_AHEAD_GROWTH = 1.25
 
