@@ -192,13 +192,14 @@ class LocalLLM:
         handed = time.perf_counter()
         while True:
             self.lane.wait_turn()
-            began = time.perf_counter()
+            began, held = time.perf_counter(), self.engine.paused_s
             block = next(blocks, None)
             if block is None:
                 return
-            done = time.perf_counter()
+            done, held_s = time.perf_counter(), self.engine.paused_s - held
             draft_s, verify_s = block.timing.draft_s, block.timing.verify_s
-            cost = BlockCost(*(round(1000 * s, 2) for s in (began - handed, done - began, draft_s, verify_s)))
+            seconds = (began - handed, done - began, draft_s, verify_s, held_s)
+            cost = BlockCost(*(round(1000 * s, 2) for s in seconds))
             handed = done
             yield block, cost
 

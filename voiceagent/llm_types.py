@@ -56,12 +56,14 @@ class BlockCost:
     """Where a block's time went in the in-process engine, ms: `waited` before its work began (the event
     loop taking the last block's text, the engine's lock, the speech jobs it let go first:
     voiceagent/cpu_lane.py), then its work (`engine`): the draft's steps (`draft`), the target's verify
-    (`verify`), and the rest (on the first block a prefill, and the text)."""
+    (`verify`), and the rest (on the first block a prefill, and the text). `held`: how much of `engine`
+    its forwards spent held between layers while speech jobs ran (`Engine.pause_between_layers`)."""
 
     waited: float
     engine: float
     draft: float
     verify: float
+    held: float = 0.0
 
 
 class LLMError(RuntimeError):

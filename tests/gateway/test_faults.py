@@ -135,6 +135,7 @@ class StallingConversation:
 class StalledEngine:
     tokenizer = FuzzTokenizer(96)
     lock = FairLock()
+    paused_s = 0.0  # never held between layers (no lane)
 
 
 def test_a_stalled_local_engine_times_out_is_told_to_cancel_and_the_next_turn_works() -> None:

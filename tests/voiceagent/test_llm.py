@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,6 +197,23 @@ def test_local_blocks_say_where_their_time_went(engine: Engine) -> None:
     assert any(b.timing is not None and b.timing.verify > 0.0 for b in blocks)
     drafting = [b for b in blocks if b.n_drafted]
     assert all(b.timing is not None and b.timing.draft > 0.0 for b in drafting)
+    assert all(b.timing is not None and b.timing.held == 0.0 for b in blocks)  # no lane: never held
+
+
+def test_a_local_block_says_how_long_its_forwards_were_held_for_speech(engine: Engine) -> None:
+    """Forwards held between layers while speech jobs run (voiceagent/cpu_lane.py) count in the block's
+    work, and its cost says how much of it they were held."""
+    hold_s = 0.001
+    engine.pause_between_layers(lambda: time.sleep(hold_s))
+    try:
+        blocks = asyncio.run(reply(LocalLLM(engine), SHORT))
+    finally:
+        engine.pause_between_layers(None)
+    assert blocks
+    for block in blocks:
+        cost = block.timing
+        assert cost is not None and cost.held >= 1000 * hold_s  # every block's verify was held at least once
+        assert cost.engine >= cost.held
 
 
 def test_local_bad_input_is_an_llm_error(engine: Engine) -> None:

@@ -512,7 +512,7 @@ class TimedLLM(FakeLLM):
     async def stream(self, messages: Any, options: Any = None) -> Any:
         from voiceagent.llm_types import BlockCost, ReplyBlock
 
-        yield ReplyBlock("Hi.", 1, 2, 1, "stop", timing=BlockCost(3.5, 61.2, 12.4, 47.9))
+        yield ReplyBlock("Hi.", 1, 2, 1, "stop", timing=BlockCost(3.5, 61.2, 12.4, 47.9, 8.0))
 
 
 def test_the_trace_says_where_a_blocks_time_went() -> None:
@@ -524,6 +524,7 @@ def test_the_trace_says_where_a_blocks_time_went() -> None:
         12.4,
         47.9,
     )
+    assert block["held_ms"] == 8.0
 
 
 class SlowToStop(FakeLLM):
