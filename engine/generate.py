@@ -296,6 +296,11 @@ class Engine:
         hook()
         self.paused_s += self.clock() - started
 
+    def work_clock(self) -> float:
+        """The engine's clock less the time its forwards were held (`paused_s`): the difference of two
+        readings is what the engine computed between them."""
+        return self.clock() - self.paused_s
+
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,
         on scratch caches; the adaptive policy starts from these figures (engine/calibration.py)."""

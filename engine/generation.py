@@ -116,18 +116,18 @@ class Generation:
         remaining = self.params.max_new_tokens - self.stats.n_generated
         cache_room = self.conv.max_seq_len - n_before  # verify writes positions n_before-1 .. +gamma
         limit = max(0, min(remaining - 1, cache_room))
-        t0, held0 = self.clock(), self.engine.paused_s
+        t0, work0 = self.clock(), self.engine.work_clock()
         draft_tokens, draft_probs = self._propose(limit)
         if self._cancelled():
             return None
         gamma = draft_tokens.shape[0]
         n_rows = n_before - self.conv.target.valid + gamma  # pending ids (1, 2, or a prompt's tail) + drafts
-        t1, held1 = self.clock(), self.engine.paused_s
+        t1, work1 = self.clock(), self.engine.work_clock()
         # What the drafted tokens cost: not the catch-up, nor the time forwards were held for speech jobs
-        drafting_s = t1 - t0 - (held1 - held0) - self._catch_up_s
+        drafting_s = work1 - work0 - self._catch_up_s
         verdict = self._verify(draft_tokens, draft_probs)
         t2 = self.clock()
-        verifying_s = t2 - t1 - (self.engine.paused_s - held1)
+        verifying_s = self.engine.work_clock() - work1
         committed = [*draft_tokens.tolist()[: verdict.n_accepted], verdict.next_token]
         self._commit(committed, verdict, gamma)
         committed, finish_reason = self._apply_limits(committed, n_before)
@@ -207,10 +207,9 @@ class Generation:
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
                 # more after plain blocks, which do not run the draft)
                 if unseen > MERGED_CATCH_UP:  # a long one, chunked and timed apart: not drafting
-                    started, held = self.clock(), self.engine.paused_s
+                    started = self.engine.work_clock()
                     prefill_state(draft, tokens)  # feeds the `unseen` ids (all but the last)
-                    caught_up_s = self.clock() - started - (self.engine.paused_s - held)
-                    self._catch_up_s, self._caught_up = caught_up_s, unseen
+                    self._catch_up_s, self._caught_up = self.engine.work_clock() - started, unseen
                 else:  # they ride along: their rows' share of this forward, at the measured cost an id
                     self._catch_up_s = unseen * (self.engine.speculation.catch_up_id_s.value or 0.0)
                 logits = draft.feed(tokens[draft.valid :], draft.valid, "last")

@@ -169,17 +169,17 @@ class Preemption:
         words fed last or a prefix of them (their ids are cached). Words that differ from a guess fed
         before ("how many days are there in" after "how many days are you going to") are fed: the cache
         keeps the shared prefix, so only the changed words cost a forward."""
-        fed = self.prefilled.split()
+        said = words.split()
         if (
             not self.prefill_while_speaking
             or not isinstance(self.llm, PrefillingLLM)
-            or words.split() == fed[: len(words.split())]
+            or said == self.prefilled.split()[: len(said)]
             or (self.prefilling is not None and not self.prefilling.done())
         ):
             return
         self.prefilled = words
         self.prefilling = asyncio.create_task(self.llm.prefill(messages, draft_only=True))
-        self.trace.write(LLM_PREFILL, turn, words=len(words.split()))
+        self.trace.write(LLM_PREFILL, turn, words=len(said))
 
     async def stop_other(self, turn: int, messages: Sequence[Message]) -> None:
         """Stops a reply to other words than `messages` and waits until its stream is closed, so the LLM
