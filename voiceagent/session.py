@@ -336,7 +336,7 @@ class Session:
         stood_in_ns = self.preemption.heard_all(self.endpointing.heard_all) if self.partials.paused else None
         trailing_ms = final_trailing_ms(edge.confirmed_ns + FRAME_MS * 1_000_000, edge.t_ns, stood_in_ns)
         self._after_end = []  # the final may wait for a partial still decoding: no more audio meanwhile
-        self._start_reply(self._finalize_and_respond(self.turn, trailing_ms))
+        self._start_reply(self._finalize_and_respond(self.turn, trailing_ms, stood_in_ns is not None))
 
     def _push_held_frames(self) -> None:
         """The frames held back since speech_end, to the recogniser (its final has its audio)."""
@@ -396,7 +396,10 @@ class Session:
             ahead = words_ahead(stable, text)
             self.preemption.prefill(turn, self._with_user(ahead), ahead)
 
-    async def _finalize_and_respond(self, turn: int, trailing_ms: float) -> None:
+    async def _finalize_and_respond(self, turn: int, trailing_ms: float, stood_in: bool) -> None:
+        """The final transcript (`stood_in`: told to reuse the partial a running reply began on), then the
+        reply."""
+        asked_ns = self.clock.now_ns()
         try:
             try:
                 text = (await self.lane.in_thread(self.recognizer.decode_final, trailing_ms)).strip()
@@ -407,7 +410,8 @@ class Session:
             self._fail(turn, "asr", error)
             return
         self._emit(TranscriptFinal(self.clock.now_ns(), turn, text))
-        self.trace.write(ASR_FINAL, turn, text=text)
+        ms = (self.clock.now_ns() - asked_ns) / 1e6
+        self.trace.write(ASR_FINAL, turn, text=text, ms=ms, stood_in=stood_in)
         if self.barge_ins.heard(text, final=True):  # a backchannel over the reply: it goes on, unanswered
             self._drop_preemption("backchannel")
             return

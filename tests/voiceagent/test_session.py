@@ -468,6 +468,8 @@ def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> No
     heard_until_ms, confirmed_end_ms = 340, 540
     margin_ms = 1000 * FINAL_MARGIN_S
     assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + margin_ms)]
+    final = _record(h, "asr.final")
+    assert final["stood_in"] is True and final["ms"] >= 0.0  # the trace says it was told to reuse it
 
 
 @pytest.mark.parametrize("spoke_on", [True, False])
@@ -639,4 +641,6 @@ def test_frames_after_the_end_of_speech_wait_while_the_final_is_pending() -> Non
     # Frames since start() (the first loud frame came before it), up to the one that confirmed the end.
     assert h.recognizer.frames_at_final == [19 + 10]
     assert h.recognizer.trailing_ms == [pytest.approx(200.0)]  # the 10 quiet frames
+    # The trace says how long the final took: the 15 frames (300 ms on the fake clock) it waited.
+    assert _record(h, "asr.final")["ms"] == pytest.approx(300.0)
     assert h.recognizer.frames == 19 + 10 + 15  # the held frames followed
