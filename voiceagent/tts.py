@@ -92,6 +92,12 @@ class PiperSynthesizer:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # Its second thread does not spin waiting for work (as Moonshine's, voiceagent/moonshine.py). Spinning
+        # went on after a phrase: the engine's next forward on the same two cores took 74-77 ms right after
+        # one, 51-54 without the spin, 52-53 alone. Within a render it saves ~8 ms of a short phrase's first
+        # audio on idle cores (113 against 121 ms with the spin stopped after each render), but costs 54
+        # beside another busy thread (230 against 176 ms): the Xeon of the results, 2026-12-07.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = onnxruntime.InferenceSession(
             str(paths.model), sess_options=options, providers=["CPUExecutionProvider"]
         )
