@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from engine.generate import CommittedBlock, Engine
+from engine.generate import CommittedBlock, Conversation, Engine
 from engine.generation import MERGED_FIRST_TAIL
 from engine.sampling import SamplingParams
 from tests.fakes import tiny_engine
@@ -143,16 +143,11 @@ def test_closing_the_stream_leaves_a_usable_conversation() -> None:
     assert again == ids_of(run(reference, prompt, SamplingParams(max_new_tokens=20)))
 
 
-@pytest.mark.parametrize("n_prompt", [8, 30])
-def test_the_draft_takes_the_prompt_s_tail_in_its_first_forward(n_prompt: int) -> None:
-    """A generation's first block: the prompt's ids the draft has not cached (up to MERGED_FIRST_TAIL) go
-    in its first forward, which gives the first drafted token, not in a prefill before it (a forward of 7
-    ids costs little more than one of 1 on a CPU). Output unchanged."""
-    engine = tiny_engine("llama2", draft_noise=0.0, seed=3)  # the draft is the target: all accepted
-    conversation = engine.new_conversation()
+def draft_forwards(conversation: Conversation) -> list[int]:
+    """A list that gets how many ids each of the conversation's draft forwards feeds, from now on."""
     draft = conversation.draft
     assert draft is not None
-    fed: list[int] = []  # ids in each of the draft's forwards
+    fed: list[int] = []
     feed = draft.feed
 
     def counted(tokens, start, logits):  # type: ignore[no-untyped-def]
@@ -160,6 +155,17 @@ def test_the_draft_takes_the_prompt_s_tail_in_its_first_forward(n_prompt: int) -
         return feed(tokens, start, logits)
 
     draft.feed = counted  # type: ignore[method-assign]
+    return fed
+
+
+@pytest.mark.parametrize("n_prompt", [8, 30])
+def test_the_draft_takes_the_prompt_s_tail_in_its_first_forward(n_prompt: int) -> None:
+    """A generation's first block: the prompt's ids the draft has not cached (up to MERGED_FIRST_TAIL) go
+    in its first forward, which gives the first drafted token, not in a prefill before it (a forward of 7
+    ids costs little more than one of 1 on a CPU). Output unchanged."""
+    engine = tiny_engine("llama2", draft_noise=0.0, seed=3)  # the draft is the target: all accepted
+    conversation = engine.new_conversation()
+    fed = draft_forwards(conversation)
     prompt, params = [int(x) for x in range(1, 2 * n_prompt, 2)], SamplingParams(max_new_tokens=20)
     blocks = conversation.generate(prompt, params, gamma=4)
     first = [next(blocks)]
@@ -175,16 +181,7 @@ def test_after_a_fully_accepted_block_the_draft_catches_up_in_its_first_forward(
     next block's first draft forward: gamma draft forwards a block, not gamma + 1. Output unchanged."""
     engine = tiny_engine("llama2", draft_noise=0.0, seed=3)  # the draft is the target: all accepted
     conversation = engine.new_conversation()
-    draft = conversation.draft
-    assert draft is not None
-    fed: list[int] = []  # ids in each of the draft's forwards
-    feed = draft.feed
-
-    def counted(tokens, start, logits):  # type: ignore[no-untyped-def]
-        fed.append(len(tokens))
-        return feed(tokens, start, logits)
-
-    draft.feed = counted  # type: ignore[method-assign]
+    fed = draft_forwards(conversation)
     prompt, params = PROMPTS[1], SamplingParams(max_new_tokens=41)
     blocks, marks = [], []
     for block in conversation.generate(prompt, params, gamma=4):
