@@ -352,11 +352,13 @@ class Session:
     async def _partial(self, turn: int, heard_until_ns: int, pause: bool = False) -> None:
         """A partial transcript of the audio up to `heard_until_ns` (the end of the frame it was due at):
         traced, scored, and a head start."""
+        asked_ns = self.clock.now_ns()
         try:
             try:
                 transcript = await self.lane.in_thread(self.recognizer.decode_partial)
             finally:
                 self._stoppable_until_ns = None
+            decode_ms = (self.clock.now_ns() - asked_ns) / 1e6
             # A regular partial that returns after the user spoke on past its audio cannot end the turn nor
             # start a reply that will be kept: its score and head start would only slow the next partial.
             heard_all = pause or self.endpointing.heard_all(heard_until_ns)
@@ -367,14 +369,13 @@ class Session:
                 confidence = heard_confidence(transcript)
                 await self.endpointing.score(turn, messages, heard_until_ns, audio, confidence)
             if turn == self.turn and self._utterance_open:
-                self._emit(TranscriptPartial(self.clock.now_ns(), turn, transcript.stable, transcript.text))
-                self.trace.write(
-                    ASR_PARTIAL, turn, stable=transcript.stable, text=transcript.text, pause=pause
-                )
-                self.barge_ins.heard(transcript.text, final=False)  # real words end a held reply
+                stable, text = transcript.stable, transcript.text
+                self._emit(TranscriptPartial(self.clock.now_ns(), turn, stable, text))
+                self.trace.write(ASR_PARTIAL, turn, stable=stable, text=text, pause=pause, ms=decode_ms)
+                self.barge_ins.heard(text, final=False)  # real words end a held reply
                 if not self.barge_ins.replying():  # no head start while a held reply may resume
-                    stable, text = transcript.stable.strip(), transcript.text.strip()
-                    self._head_start(turn, stable, text, pause, heard_until_ns if heard_all else None)
+                    heard_ns = heard_until_ns if heard_all else None
+                    self._head_start(turn, stable.strip(), text.strip(), pause, heard_ns)
         except PartialStopped:
             self.trace.write(ASR_PARTIAL_STOPPED, turn, heard_until_ns=heard_until_ns)
         except Exception as error:  # a partial is only a preview: note it and carry on

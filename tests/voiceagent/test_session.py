@@ -470,6 +470,7 @@ def test_a_partial_that_heard_every_word_stands_in_for_the_pause_partial() -> No
     assert h.recognizer.trailing_ms == [pytest.approx(confirmed_end_ms - heard_until_ms + margin_ms)]
     final = _record(h, "asr.final")
     assert final["stood_in"] is True and final["ms"] >= 0.0  # the trace says it was told to reuse it
+    assert _record(h, "asr.partial")["ms"] >= 0.0  # and how long the partial's decode took
 
 
 @pytest.mark.parametrize("spoke_on", [True, False])
