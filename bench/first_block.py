@@ -25,6 +25,7 @@ from typing import Any
 
 from engine import Engine, SamplingParams
 from engine.bench.cpu_backends import cpu_description
+from engine.engine_thread import on_engine_thread
 from engine.load import chat_prompt
 from engine.turn_end import turn_marks, user_words
 from voiceagent.bench import DEFAULT_QUESTIONS
@@ -93,6 +94,7 @@ def first_block(engine: Engine, base: Any, question: str) -> dict[str, Any]:
     }
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     engine = load_local_engine(Settings())

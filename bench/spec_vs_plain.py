@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.bench.cpu_backends import cpu_description, engine_generate, probe_figures
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine
 from engine.load import chat_prompt, load_engine
 
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -1,8 +1,11 @@
 """The engine's lock: forward passes on one engine, from any of its conversations, one at a time, FIFO.
 
-The engine is batch 1, so two conversations cannot step at once; they take turns block by block. Every user
-of an engine (the server's worker thread, each `voiceagent` LocalLLM) steps its generation through the one
-`Engine.lock`, so conversations in one process queue fairly for it whoever started them.
+The engine is batch 1, so two conversations cannot step at once; they take turns block by block. A thread
+that steps a generation (the server's worker) takes the one `Engine.lock` for each block, so threads
+stepping one engine queue fairly for it whoever started them. The computing itself runs on the engine
+thread (engine/engine_thread.py), whose queue is first come, first served too: `voiceagent`'s LocalLLMs
+hand it one job a block and take no lock (a job on that thread must never wait for a lock held by a
+thread waiting for that thread).
 """
 
 from __future__ import annotations

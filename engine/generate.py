@@ -23,6 +23,7 @@ from engine import turn_end
 from engine.adaptive import DraftLength, SpeculationStats
 from engine.calibration import measure_costs
 from engine.detokenize import Tokenizer
+from engine.engine_thread import ENGINE_THREAD, on_engine_thread
 from engine.fair_lock import FairLock
 from engine.generation import Generation
 from engine.metrics import EngineMetrics
@@ -93,6 +94,7 @@ class Conversation:
         for state in self.states:
             state.valid = min(state.valid, n_tokens)
 
+    @on_engine_thread
     def fork(self) -> Conversation:
         """A new conversation holding this one's committed ids and their cached keys and values.
 
@@ -106,6 +108,7 @@ class Conversation:
                 theirs.valid = mine.valid
         return other
 
+    @on_engine_thread
     def prefill(self, prompt_ids: Sequence[int], *, draft_only: bool = False) -> int:
         """Caches the keys of `prompt_ids` (all but the last id) ahead of a `generate` that will start
         with them, e.g. the words a user has said so far. Returns how many ids were cached already.
@@ -163,7 +166,8 @@ class Conversation:
         if any(not 0 <= int(i) < vocab for i in proposal):
             raise ValueError(f"a proposed id is outside the vocabulary [0, {vocab})")
         proposed = Proposal(proposal) if proposal else None
-        return self._stream(prompt, params, draft_length, cancel, proposed, plain_tokens)
+        blocks = self._stream(prompt, params, draft_length, cancel, proposed, plain_tokens)
+        return ENGINE_THREAD.iterate(blocks)  # each block computed on the engine thread, whoever iterates
 
     def _stream(
         self,
@@ -181,6 +185,7 @@ class Conversation:
         finally:
             self._lock.release()
 
+    @on_engine_thread
     def end_of_turn_probability(
         self,
         prompt_ids: Sequence[int],
@@ -271,8 +276,8 @@ class Engine:
         self.clock = clock
         self.max_seq_len = target.max_seq_len
         self.metrics = EngineMetrics()
-        # Held while any conversation makes a block (batch 1): the server's worker and every LocalLLM on
-        # this engine step under it, first come first served.
+        # Held while a thread steps a conversation's block (batch 1): the server's worker steps under it,
+        # first come first served (engine/fair_lock.py; LocalLLMs queue on the engine thread instead).
         self.lock = FairLock()
         self._default: Conversation | None = None
         # Seconds forwards have spent held by the `pause_between_layers` hook (the engine's clock): the
@@ -301,6 +306,7 @@ class Engine:
         readings is what the engine computed between them."""
         return self.clock() - self.paused_s
 
+    @on_engine_thread
     def calibrate(self) -> None:
         """Times target forwards of the sizes the adaptive draft length chooses among, and a draft step,
         on scratch caches; the adaptive policy starts from these figures (engine/calibration.py)."""

@@ -13,6 +13,7 @@ import torch
 from engine import turn_head
 from engine.config import ModelArgs
 from engine.cpu_kernels import kernels_build
+from engine.engine_thread import on_engine_thread
 from engine.generate import Clock, Engine, Model
 from engine.ggml import GgmlModel
 from engine.ggml_draft import ggml_draft_gguf
@@ -59,6 +60,7 @@ def check_same_vocabulary(target_tokenizer: Any, draft_tokenizer: Any) -> None:
         )
 
 
+@on_engine_thread  # its weights' memory, calibration and warm caches belong to the thread that computes
 def load_engine(
     options: EngineOptions | str,
     draft: str | None = None,

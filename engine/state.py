@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from engine.engine_thread import on_engine_thread
 from engine.ggml import GgmlCache, GgmlModel
 from engine.graphs import StaticForwards
 from engine.metrics import BlockTiming, GenerationStats
@@ -45,6 +46,7 @@ class ModelState:
     valid: int = 0
     static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
 
+    @on_engine_thread
     @torch.inference_mode()
     def feed(self, tokens: Sequence[int] | Tensor, start: int, logits: LogitsMode | int) -> Tensor | None:
         """Runs `tokens` at positions start.. and returns their logits ([T, V], [1, V], the last k or None).
@@ -61,6 +63,7 @@ class ModelState:
         return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
 
     @classmethod
+    @on_engine_thread  # the caches' memory is first touched by the thread that will compute on it
     def create(cls, model: Model, static_shapes: bool, max_seq_len: int | None = None) -> ModelState:
         cache = model.new_cache(max_seq_len)
         static = None

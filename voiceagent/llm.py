@@ -3,10 +3,12 @@
 This is the one module of `voiceagent` that imports `engine`. Both backends stream a reply as `ReplyBlock`s:
 committed text that never needs taking back, so the agent may speak each block the moment it arrives.
 
-- `LocalLLM` runs the synchronous engine on a worker thread and hands blocks to the event loop. Leaving the
+- `LocalLLM` runs the synchronous engine on the process's engine thread (engine/engine_thread.py: every
+  forward on one thread, so one OpenMP team) and hands blocks to the event loop. Leaving the
   stream early (a barge-in cancels the task, or the consumer closes the generator) sets the engine's cancel
   event, and generation stops at the next block. One LocalLLM is one conversation: its KV cache keeps the
-  prefix the next turn shares. LocalLLMs on one engine take turns block by block under the engine's lock.
+  prefix the next turn shares. LocalLLMs on one engine take turns block by block: each block, prefill and
+  score is one job on that thread, run in the order asked for.
   A block that does not come within `block_timeout_s` (VOICEAGENT_LLM_TIMEOUT_S: a stalled engine) fails
   the reply with LLMError and sets the cancel event; the next reply waits at most as long for it to stop.
   On the CPU its forwards wait for the speech jobs (ASR, TTS) of the pipeline's `CpuLane` (cpu_lane.py).
@@ -43,6 +45,7 @@ from voiceagent.remote_llm import RemoteLLM
 
 if TYPE_CHECKING:
     from engine import CommittedBlock, Conversation, Engine
+    from engine.engine_thread import EngineThread
     from engine.turn_end import ScoreModel
 
 __all__ = [  # the shared types are re-exported: every caller imports them from here
@@ -92,7 +95,6 @@ class LocalLLM:
         # end-of-turn head gives the score where it has one (VOICEAGENT_TURN_HEAD; engine/turn_head.py)
         self.turn_score_model, self.turn_head = turn_score_model, turn_head
         self._conversation = conversation or engine.new_conversation()
-        self._lock = engine.lock  # shared by every conversation of the engine (and its server worker)
         self._running: asyncio.Future[Any] | None = None  # the generation or prefill in flight
         self._generation: asyncio.Future[Any] | None = None  # the last generation's (not a prefill's)
         self._cancel = threading.Event()
@@ -123,7 +125,7 @@ class LocalLLM:
             blocks = self._conversation.generate(
                 prompt, params, cancel=cancel, proposal=proposal, plain_tokens=FIRST_PHRASE_TOKENS
             )
-            arrived = self._start(blocks)
+            arrived = self._start(blocks, cancel)
         except ValueError as error:
             raise LLMError(str(error)) from error
         try:
@@ -143,52 +145,60 @@ class LocalLLM:
         finally:
             cancel.set()
 
-    def _start(self, blocks: Iterator[CommittedBlock]) -> asyncio.Queue[ReplyBlock | Exception]:
-        """Runs `blocks` on a thread of its own; returns the queue (of this event loop) they arrive on."""
+    def _start(
+        self, blocks: Iterator[CommittedBlock], cancel: threading.Event
+    ) -> asyncio.Queue[ReplyBlock | Exception]:
+        """Makes `blocks` on the engine thread, one job a block, so the blocks, prefills and scores of other
+        conversations queue between them (first come, first served); returns the queue (of this event
+        loop) they arrive on."""
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[ReplyBlock | Exception] = asyncio.Queue()
         finished: asyncio.Future[None] = loop.create_future()
-
+        steps = self._after_speech(blocks)
         handed = 0  # the reply's tokens handed over so far
 
         def hand_over(item: ReplyBlock | Exception) -> None:
             nonlocal handed
-            with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening
+            try:
                 loop.call_soon_threadsafe(arrived.put_nowait, item)
-                handed += (item.n_tokens or 1) if isinstance(item, ReplyBlock) else 0
-                if handed <= FIRST_PHRASE_TOKENS:  # a first phrase this block ends: its TTS begins first
-                    self.lane.settle(loop)
+            except RuntimeError:  # the event loop is closed: nobody is listening, the generation ends
+                cancel.set()
+                return
+            handed += (item.n_tokens or 1) if isinstance(item, ReplyBlock) else 0
+            if handed <= FIRST_PHRASE_TOKENS:  # a first phrase this block ends: its TTS begins first
+                self.lane.settle(loop)
 
         def finish() -> None:
-            if not finished.done():
-                finished.set_result(None)
+            def done() -> None:
+                if not finished.done():
+                    finished.set_result(None)
 
-        def work() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(done)
+
+        def step() -> None:  # on the engine thread: one block, then the next step queues behind others
             try:
-                self._pump(blocks, hand_over)
-            finally:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(finish)
+                made = next(steps, None)
+            except Exception as error:  # handed to the event loop, where the stream raises LLMError
+                hand_over(error)
+                finish()
+                return
+            if made is None:  # the generation has ended (its last block was handed over before)
+                finish()
+                return
+            block, cost = made
+            hand_over(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
+                                 block.finish_reason, block.token_ids, cost))  # fmt: skip
+            _engine_thread().submit(step)
 
         self._running = self._generation = finished
-        threading.Thread(target=work, name="voiceagent-llm", daemon=True).start()
+        _engine_thread().submit(step)
         return arrived
-
-    def _pump(
-        self, blocks: Iterator[CommittedBlock], deliver: Callable[[ReplyBlock | Exception], None]
-    ) -> None:
-        """Worker thread: steps the engine one block at a time under the engine's lock."""
-        try:
-            for block, cost in self._lock.each(self._after_speech(blocks)):
-                deliver(ReplyBlock(block.text, len(block.token_ids), block.n_drafted, block.n_accepted,
-                                   block.finish_reason, block.token_ids, cost))  # fmt: skip
-        except Exception as error:  # handed to the event loop, where the stream raises LLMError
-            deliver(error)
 
     def _after_speech(self, blocks: Iterator[CommittedBlock]) -> Iterator[tuple[CommittedBlock, BlockCost]]:
         """`blocks`, each begun once the speech jobs running before it have ended (voiceagent/cpu_lane.py),
         with where its time went: what it waited for since the last block was handed on (that hand-over's
-        settling, the lock, the speech jobs), and its work."""
+        settling, the other conversations' engine work queued before it, the speech jobs), and its work."""
         handed = time.perf_counter()
         while True:
             self.lane.wait_turn()
@@ -206,7 +216,7 @@ class LocalLLM:
     async def aclose(self) -> None:
         self._cancel.set()
         if self._running is not None:
-            with contextlib.suppress(TimeoutError):  # a stalled engine: its daemon thread is left behind
+            with contextlib.suppress(TimeoutError):  # a stalled engine: its job is left behind
                 await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
 
     async def prefill(self, messages: Sequence[Message], *, draft_only: bool = False) -> bool:
@@ -219,16 +229,15 @@ class LocalLLM:
         if messages and messages[-1]["role"] == "user":  # the words only: more of them come, then the tail
             prompt = self._user_words(prompt)
 
-        def work() -> bool:
+        def work() -> bool:  # on the engine thread
             try:
                 self.lane.wait_turn()
-                with self._lock:
-                    self._conversation.prefill(prompt, draft_only=draft_only)
+                self._conversation.prefill(prompt, draft_only=draft_only)
                 return True
             except Exception:  # noqa: BLE001 - the reply will prefill whatever is missing
                 return False
 
-        job = asyncio.get_running_loop().run_in_executor(None, work)
+        job = asyncio.wrap_future(_engine_thread().submit(work))
         self._running = job
         return bool(await asyncio.shield(job))
 
@@ -250,7 +259,11 @@ class LocalLLM:
             with contextlib.suppress(TimeoutError):  # a cancelled reply or a prefill ends soon
                 await asyncio.wait_for(asyncio.shield(self._running), self.block_timeout_s)
         learned = self.turn_head if learned is None else learned
-        job = asyncio.get_running_loop().run_in_executor(None, self._score_turn, [*history, words], learned)
+        try:
+            prompt = self._user_words(self._fitting_prompt([*history, words], room=1))
+        except Exception:  # noqa: BLE001 - no score: the silence rule decides
+            return None
+        job = asyncio.wrap_future(_engine_thread().submit(self._score_turn, prompt, learned))
         self._running = job
         return await asyncio.shield(job)
 
@@ -260,15 +273,13 @@ class LocalLLM:
 
         return user_words(prompt, turn_marks(self.engine.tokenizer).end_of_turn_id)
 
-    def _score_turn(self, messages: list[Message], learned: bool) -> float | None:
+    def _score_turn(self, prompt: list[int], learned: bool) -> float | None:
+        """On the engine thread: the score of the user's words `prompt` (None if scoring fails)."""
         try:
-            prompt = self._user_words(self._fitting_prompt(messages, room=1))
             self.lane.wait_turn()
-            with self._lock:
-                conversation = self._conversation
-                return conversation.end_of_turn_probability(
-                    prompt, model=self.turn_score_model, learned=learned
-                )
+            return self._conversation.end_of_turn_probability(
+                prompt, model=self.turn_score_model, learned=learned
+            )
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
             return None
 
@@ -299,6 +310,13 @@ class LocalLLM:
             turn_score_model=self.turn_score_model,
             turn_head=self.turn_head,
         )
+
+
+def _engine_thread() -> EngineThread:
+    """The process's engine thread (engine/engine_thread.py), where every forward of the engine runs."""
+    from engine.engine_thread import ENGINE_THREAD
+
+    return ENGINE_THREAD
 
 
 def prepare_llm_models(install_missing: bool, log: Callable[[str], None]) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bench.turn_taking.clips import TEXTS
+from engine.engine_thread import on_engine_thread
 from voiceagent.llm import LocalLLM
 from voiceagent.turn_taking import DEFAULT_OPTIONS, end_silence_ms
 
@@ -93,6 +94,7 @@ async def scores_of(
     return scores
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> None:
     from voiceagent.config import Settings
     from voiceagent.llm import load_local_engine

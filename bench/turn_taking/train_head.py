@@ -33,6 +33,7 @@ import torch
 
 from bench.turn_taking.corpus import CORPUS
 from bench.turn_taking.text_scores import auc
+from engine.engine_thread import on_engine_thread
 from engine.state import shared_prefix_length
 from engine.turn_end import turn_marks, user_words
 from engine.turn_head import HEADS, LOG_FLOOR, TurnHead, logit, raw_score
@@ -184,6 +185,7 @@ def figures(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     }
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> None:
     from voiceagent.config import Settings
     from voiceagent.llm import load_local_engine

@@ -29,6 +29,7 @@ from engine.bench.contenders import (
 )
 from engine.bench.shapes import run_shapes
 from engine.cli_flags import add_speculation_flags, gamma_arg
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine
 from engine.load import chat_prompt, load_engine
 from engine.models import resolve
@@ -138,6 +139,7 @@ def hf_contenders(args: argparse.Namespace, engine: Engine) -> list[HFContender]
     return [HFContender("hf plain", target, eos), HFContender("hf assisted", target, eos, assistant=draft)]
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def run_bench(args: argparse.Namespace) -> int:
     if args.shapes is not None:
         return run_shapes_bench(args)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine
 from engine.sampling import SamplingParams
 
@@ -63,6 +64,7 @@ class HFContender:
     assistant: Any = None
     clock: Clock = time.perf_counter
 
+    @on_engine_thread  # one OpenMP team in the process: transformers' too (engine/engine_thread.py)
     def run(self, prompt: list[int], max_new_tokens: int) -> Result:
         input_ids = torch.tensor([prompt], device=self.model.device)
         config = copy.deepcopy(self.model.generation_config)
@@ -87,6 +89,7 @@ class HFContender:
         return Result(generated, seconds)
 
 
+@on_engine_thread
 def load_hf_pair(target_dir: Any, draft_dir: Any, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
@@ -95,6 +98,7 @@ def load_hf_pair(target_dir: Any, draft_dir: Any, dtype: torch.dtype) -> tuple[A
     return target, draft
 
 
+@on_engine_thread
 def raw_forward_s(engine: Engine, position: int, repeats: int = 12) -> float:
     """Seconds of one bare one-token target forward (with the head), no engine around it."""
     model = engine.target

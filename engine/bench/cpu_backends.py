@@ -26,6 +26,7 @@ import torch
 from engine.adaptive import SpeculationStats
 from engine.bench.llama_cpp import LlamaCpp, Timed
 from engine.bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine, ModelState
 from engine.load import chat_prompt, load_engine
 from engine.models import resolve_gguf
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

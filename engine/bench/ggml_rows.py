@@ -18,6 +18,7 @@ import time
 
 from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.ggml import GgmlCache, GgmlModel
 from engine.models import resolve_gguf
 
@@ -36,6 +37,7 @@ def forward_ms(cache: GgmlCache, n: int, n_logits: int, repeat: int) -> float:
     return statistics.median(times) * 1000
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=DEFAULT_TARGET, help="a bundled name or a .gguf file")

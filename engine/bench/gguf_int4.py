@@ -30,6 +30,7 @@ from torch import Tensor
 
 from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine
 from engine.gguf_int4 import GgufTensors
 from engine.load import chat_prompt, load_engine
@@ -190,6 +191,7 @@ def run(limit: int, max_new_tokens: int) -> dict[str, Any]:
     }
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=8, help="bench prompts to use")

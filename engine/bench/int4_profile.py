@@ -19,6 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine.bench.cpu_backends import cpu_description
 from engine.bundled import DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.models import converted_dir
 from engine.quant import quantize
 from engine.weights import load_checkpoint
@@ -82,6 +83,7 @@ def forward_profile(target: str) -> dict[str, float]:
     return result
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -27,6 +27,7 @@ from engine.bundled import DEFAULT_TARGET
 from engine.config import ModelArgs
 from engine.cpu_kernels import gguf_mm
 from engine.cpu_kernels.pack import PackedMatrix, pack_q4k, pack_q6k
+from engine.engine_thread import on_engine_thread
 from engine.ggml import GgmlModel
 from engine.gguf_int4 import load_gguf_int4
 from engine.models import resolve, resolve_gguf
@@ -118,6 +119,7 @@ def model_table(repeat: int) -> list[dict[str, object]]:
     return rows
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from engine.bench.cpu_backends import cpu_description, engine_generate, forward_costs
 from engine.bench.int4_profile import fastest_ms
 from engine.bundled import DEFAULT_TARGET
+from engine.engine_thread import on_engine_thread
 from engine.generate import Engine, ModelState
 from engine.load import chat_prompt, load_engine
 
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+@on_engine_thread  # every forward and kernel call on one thread (engine/engine_thread.py)
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -65,8 +65,8 @@ class ChatTokenizer:
 
 
 class SlowConversation:
-    """An engine conversation whose committed blocks each take `block_s` more (in the engine's thread, under
-    the engine's lock, like a slower model's forward passes)."""
+    """An engine conversation whose committed blocks each take `block_s` more (on the engine thread, like a
+    slower model's forward passes)."""
 
     def __init__(self, conversation: Any, block_s: float) -> None:
         self._conversation, self.block_s = conversation, block_s
@@ -337,13 +337,15 @@ class Resources:
 async def settle(
     hub: Any, engine: Any, timeout_s: float = 20.0, baseline: Resources | None = None
 ) -> Resources:
-    """Waits until no session is live, the engine is idle and no LLM thread is left (and, with a baseline,
-    until no task outlives it: sessions finish closing a little after their sockets), then takes stock."""
+    """Waits until no session is live and the engine is idle, its thread running nothing (and, with a
+    baseline, until no task outlives it: sessions finish closing a little after their sockets), then takes
+    stock."""
+    from engine.engine_thread import ENGINE_THREAD
+
     lock = engine.lock
     deadline = time.monotonic() + timeout_s
     while True:
-        llm_threads = [t for t in threading.enumerate() if t.name == "voiceagent-llm"]
-        quiet = not hub.live and not lock.locked() and not llm_threads
+        quiet = not hub.live and not lock.locked() and ENGINE_THREAD.idle()
         now = Resources.now()
         if quiet and (baseline is None or not now.tasks - baseline.tasks):
             return now

@@ -1,26 +1,49 @@
-"""LocalLLMs on one engine take turns block by block under the engine's (first come, first served) lock."""
+"""LocalLLMs on one engine take turns block by block on the engine thread (first come, first served)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
-from engine import EngineOptions
-from engine.fair_lock import FairLock
+import pytest
+
+from engine import EngineOptions, turn_end
+from engine.engine_thread import ENGINE_THREAD
 from tests.fakes import tiny_engine
 from voiceagent.config import Settings
 from voiceagent.llm import LocalLLM
 
 
-def test_conversations_of_one_engine_share_one_fair_lock() -> None:
+def test_a_reply_prefill_and_score_run_on_the_engine_thread_and_leave_it_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.gateway.drops import ChatTokenizer
+    from voiceagent.llm import ReplyOptions
+
     engine = tiny_engine()
-    first, second = LocalLLM(engine), LocalLLM(engine)
-    assert isinstance(engine.lock, FairLock)
-    assert first._lock is second._lock is engine.lock
+    engine.tokenizer = ChatTokenizer()
+    history = [{"role": "user", "content": "a question please"}]
+    closing = ChatTokenizer().apply_chat_template(history)[-2]  # the toy template's "end of turn": 'please'
+    monkeypatch.setattr(turn_end, "turn_marks", lambda _: turn_end.TurnMarks(closing, ()))
+    ran_on: set[threading.Thread] = set()
+    engine.pause_between_layers(lambda: ran_on.add(threading.current_thread()))
+    llm = LocalLLM(engine)
+
+    async def turn() -> int:
+        assert await llm.prefill(history)
+        assert await llm.end_of_turn_probability(history) is not None
+        blocks = [block async for block in llm.stream(history, ReplyOptions(max_tokens=8))]
+        await llm.aclose()
+        return sum(block.n_tokens or 0 for block in blocks)
+
+    assert asyncio.run(turn()) == 8
+    assert ran_on == {ENGINE_THREAD.run(threading.current_thread)} and ENGINE_THREAD.idle()
+    assert not any(thread.name == "voiceagent-llm" for thread in threading.enumerate())
 
 
 class RecordingConversation:
-    """An engine conversation that notes, under the engine lock, whose block is being made (and takes 10 ms
+    """An engine conversation that notes, on the engine thread, whose block is being made (and takes 10 ms
     more a block, so two replies surely overlap)."""
 
     def __init__(self, conversation: object, name: str, order: list[str]) -> None:
