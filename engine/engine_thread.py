@@ -1,19 +1,21 @@
 """One thread for every forward pass in the process, whichever thread asks for it.
 
-torch's CPU wheel runs its parallel regions on GNU OpenMP (libgomp), and libgomp gives each thread that
-starts a parallel region a team of worker threads of its own, kept for that thread's life. Once the
-process's OpenMP threads outnumber its cores, libgomp's barriers switch to a throttled spin (about a
-hundred spins, then a futex sleep and wake), and a forward's few hundred barriers each pay for it. A
-voice agent that loaded the engine on the main thread, prefilled and scored from a thread pool and wrote
-each reply on a thread of its own had three or more teams on 2 cores: the 0.5B draft's forward of 2 ids
-took 22.8-23.4 ms against 15.5 ms from a single thread, the 1.5B target's 59-61 against 55 (Intel Xeon
-model 167, AVX-512, torch 2.13.0; bench/results/2026-12-07-cpu-xeon-amx-167-first-forward.md, section 4).
+torch's CPU wheel runs its parallel regions on GNU OpenMP (libgomp), which gives each thread that starts a
+parallel region a team of worker threads of its own, kept for that thread's life. The voice agent used
+to compute on many threads: the engine loaded on one, prefills and end-of-turn scores on the event loop's
+executor (up to six threads), each reply on a thread of its own. In a voice session its forwards then ran
+slower than the same forwards from one thread: the 0.5B draft's step 24-27 against 15-19 ms p50, a score
+30-32 against 18-22, a plain target step 57-61 against 50-54 (`python -m voiceagent bench`, three rounds,
+Intel Xeon model 167, 2 cores, torch 2.13.0; bench/results/2026-12-07-cpu-xeon-amx-167-engine-thread.md).
+Outside a session, forwards from a second and a third thread cost the same as from the first, so which
+of the session's threads and teams causes it is not pinned down; one thread for all of it removes it.
 
 So the engine's entry points that compute (loading, calibration, a conversation's caches, prefill,
 end-of-turn scores, forks and each block of a generation) hand their work to `ENGINE_THREAD` and wait for
-it; a call made on that thread runs at once. Callers keep their own threads, locks and turn-taking
-(`Engine.lock`); only the computing moves. The hand-over costs a few tens of microseconds per call, a
-block's fraction of a percent.
+it; a call made on that thread runs at once. Callers keep their own threads and turn-taking; only the
+computing moves. The hand-over costs tens of microseconds a call, a fraction of a percent of a block.
+Other PyTorch work in a process with an engine (a benchmark's transformers contender) belongs on this
+thread too.
 """
 
 from __future__ import annotations
