@@ -55,9 +55,10 @@ class ReplyBlock:
 class BlockCost:
     """Where a block's time went in the in-process engine, ms: `waited` before its work began (the event
     loop taking the last block's text, other conversations' jobs on the engine thread, the speech jobs it
-    let go first: voiceagent/cpu_lane.py), then its work (`engine`): the draft's steps (`draft`), the target's verify
-    (`verify`), and the rest (on the first block a prefill, and the text). `held`: how much of `engine`
-    its forwards spent held between layers while speech jobs ran (`Engine.pause_between_layers`)."""
+    let go first: voiceagent/cpu_lane.py), then its work (`engine`): the draft's steps (`draft`), the
+    target's verify (`verify`), and the rest (on the first block a prefill, and the text). `held`: how
+    much of `engine` its forwards spent held between layers while speech jobs ran
+    (`Engine.pause_between_layers`)."""
 
     waited: float
     engine: float
