@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from engine.engine_thread import on_engine_thread
 from engine.generate import Engine
 from engine.sampling import SamplingParams
 
@@ -64,7 +63,6 @@ class HFContender:
     assistant: Any = None
     clock: Clock = time.perf_counter
 
-    @on_engine_thread  # one OpenMP team in the process: transformers' too (engine/engine_thread.py)
     def run(self, prompt: list[int], max_new_tokens: int) -> Result:
         input_ids = torch.tensor([prompt], device=self.model.device)
         config = copy.deepcopy(self.model.generation_config)
@@ -89,7 +87,6 @@ class HFContender:
         return Result(generated, seconds)
 
 
-@on_engine_thread
 def load_hf_pair(target_dir: Any, draft_dir: Any, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
@@ -98,7 +95,6 @@ def load_hf_pair(target_dir: Any, draft_dir: Any, dtype: torch.dtype) -> tuple[A
     return target, draft
 
 
-@on_engine_thread
 def raw_forward_s(engine: Engine, position: int, repeats: int = 12) -> float:
     """Seconds of one bare one-token target forward (with the head), no engine around it."""
     model = engine.target

@@ -1,5 +1,5 @@
 """Every forward runs on the process's one engine thread, whichever thread asks (engine/engine_thread.py):
-libgomp gives each thread that computes a team of its own, and more teams than cores slow every barrier."""
+spread over many threads, the same forwards ran slower in a voice session."""
 
 import threading
 from collections.abc import Iterator
@@ -64,9 +64,8 @@ def ids_of(blocks: Iterator[CommittedBlock]) -> list[int]:
 def test_every_forward_of_a_conversation_runs_on_the_engine_thread_whoever_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(
-        turn_end, "turn_marks", lambda tokenizer: turn_end.TurnMarks(1, ((2,),))
-    )  # no template
+    no_template = turn_end.TurnMarks(end_of_turn_id=1, mark_ids=((2,),))  # the tiny tokenizer has none
+    monkeypatch.setattr(turn_end, "turn_marks", lambda _: no_template)
     engine = tiny_engine("qwen2-bias", seed=3, init_std=0.1, draft_noise=0.15)
     forwards: list[threading.Thread] = []
     engine.pause_between_layers(lambda: forwards.append(threading.current_thread()))
