@@ -110,6 +110,32 @@ void q6k_tile_scalar(const uint8_t* tile, const Rows& x, int r0, int rows, float
 
 #ifdef GGUF_MM_SIMD
 
+// A Q4_K super-block's mins term for one vector of channels: the sum over its 8 groups of min[g][c] times
+// the row's sum of int8 values over group g. A min is 6 bits and a group's sum at most 32 * 127 in
+// magnitude, so both fit int16: the groups go in pairs, one exact multiply-add of 16-bit pairs each
+// (vpdpwssd) instead of a 32-bit multiply and an add per group, which ran on the same port as the dot
+// products (multi-row products ~7% faster: bench/results/2026-12-07-cpu-xeon-amx-167-mins-pairs.md).
+struct MinPairs {
+  I pairs[4];  // lane c: min[2h][c] in its low 16 bits, min[2h + 1][c] in its high ones
+
+  explicit MinPairs(const uint8_t* mins) {  // mins: [8 groups][16 channels] u8, from this vector's lane0
+    for (int h = 0; h < 4; ++h) {
+      pairs[h] = Isa::or_(Isa::u8_to_i32(mins + 2 * h * 16), Isa::shl32<16>(Isa::u8_to_i32(mins + (2 * h + 1) * 16)));
+    }
+  }
+
+  // sum16: the row's sums per 16 inputs over this super-block [16].
+  I times(const int32_t* sum16) const {
+    I total = Isa::zero();
+    for (int h = 0; h < 4; ++h) {
+      const int32_t low = sum16[4 * h] + sum16[4 * h + 1], high = sum16[4 * h + 2] + sum16[4 * h + 3];
+      const uint32_t both = (static_cast<uint32_t>(high) << 16) | (static_cast<uint32_t>(low) & 0xFFFFu);
+      total = Isa::dot16(total, pairs[h], Isa::set1(static_cast<int32_t>(both)));
+    }
+    return total;
+  }
+};
+
 // Channels [lane0, lane0 + L) of one Q4_K tile, rows r0 .. r0 + MR - 1.
 template <int MR>
 void q4k_slice(const uint8_t* tile, const Rows& x, int r0, int lane0, float* y, int64_t ldy) {
@@ -139,12 +165,9 @@ void q4k_slice(const uint8_t* tile, const Rows& x, int r0, int lane0, float* y, 
       for (int m = 0; m < MR; ++m) acc[m] = Isa::add(acc[m], Isa::mullo(dot[m], sc));
     }
     const F d = Isa::half_to_f32(blk + 2304 + 2 * lane0), dmin = Isa::half_to_f32(blk + 2336 + 2 * lane0);
+    const MinPairs pairs(blk + 2176 + lane0);
     for (int m = 0; m < MR; ++m) {
-      I mins = Isa::zero();
-      for (int g = 0; g < 8; ++g) {
-        const int32_t s = x.sum16(r0 + m, b * 16 + 2 * g) + x.sum16(r0 + m, b * 16 + 2 * g + 1);
-        mins = Isa::add(mins, Isa::mullo(Isa::u8_to_i32(blk + 2176 + g * 16 + lane0), Isa::set1(s)));
-      }
+      const I mins = pairs.times(x.xsum + (r0 + m) * (x.k / 16) + b * 16);
       const F block = Isa::fmsub(d, Isa::to_f32(acc[m]), Isa::mul(dmin, Isa::to_f32(mins)));
       out[m] = Isa::fmadd(Isa::fset1(x.scale(r0 + m, b)), block, out[m]);
     }

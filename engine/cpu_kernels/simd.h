@@ -132,10 +132,13 @@ struct Isa {
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
   template <int S> static I shl16(I a) { return _mm512_slli_epi16(a, S); }
   template <int S> static I shr16(I a) { return _mm512_srli_epi16(a, S); }
+  template <int S> static I shl32(I a) { return _mm512_slli_epi32(a, S); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I dot(I acc, I u8, I s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+  // int16 pairs times int16 pairs, each lane's two products added to it (exact: no saturation).
+  static I dot16(I acc, I a, I b) { return _mm512_dpwssd_epi32(acc, a, b); }
   // signed w times signed x: |w| times x with w's sign (the AVX2 form's counterpart; dot serves here).
   static I dot_signed(I acc, I w, I x) {
     const I x_signed = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
@@ -192,6 +195,12 @@ struct Isa {
   static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
   template <int S> static I shl16(I a) { return _mm256_slli_epi16(a, S); }
   template <int S> static I shr16(I a) { return _mm256_srli_epi16(a, S); }
+  template <int S> static I shl32(I a) { return _mm256_slli_epi32(a, S); }
+#if defined(__AVXVNNI__)
+  static I dot16(I acc, I a, I b) { return _mm256_dpwssd_avx_epi32(acc, a, b); }
+#else
+  static I dot16(I acc, I a, I b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+#endif
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
   static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }

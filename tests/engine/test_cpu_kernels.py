@@ -124,6 +124,27 @@ def test_a_row_s_output_does_not_depend_on_the_rows_beside_it(kind, make, pack) 
     assert torch.equal(kernel_product(x[2:9], blocks, n, packed.kind), together[2:9])
 
 
+@pytest.mark.parametrize(("kind", "make", "pack"), CASES[:2], ids=IDS[:2])
+def test_rows_at_full_scale_give_the_exact_product(kind, make, pack) -> None:
+    """Rows whose every value rounds to +-127: a group's sum of int8 values is then +-4064, the most the
+    kernels' 16-bit multiply-adds of the mins (MinPairs in gguf_mm.cpp) must hold, and the largest dot
+    products. The product is still the exact one, and the AVX2 build's the same bits."""
+    n, k = 32, 512
+    raw = make(n, k, seed=11)
+    blocks = torch.from_numpy(pack(raw, n, k).blocks)
+    x = torch.ones(4, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # alternating signs
+    x[3, :256], x[3, 256:] = 1.0, -1.0  # one super-block each way
+    rounded = quantized(gguf_mm(), x, kind)
+    assert rounded[0].abs().min() == 127
+    expected = rounded[3] @ dense(raw, kind).T
+    y = product(gguf_mm(), rounded, blocks, n, kind)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    if platform.machine() == "x86_64":
+        assert torch.equal(product(gguf_mm("avx2"), rounded, blocks, n, kind), y)
+
+
 def test_q6k_unpacking_equals_gguf_s_dequantisation() -> None:
     n, k = 16, 512
     raw = random_q6k(n, k, seed=1)
