@@ -42,6 +42,7 @@ struct Rows {
   const int8_t* q(int m) const { return xq + m * k; }
   float scale(int m, int b) const { return xs[m * (k / SUPER) + b]; }
   int32_t sum16(int m, int h) const { return xsum[m * (k / 16) + h]; }
+  const int32_t* sums16(int m, int b) const { return xsum + m * (k / 16) + b * 16; }  // super-block b's 16
 };
 
 // ---------------------------------------------------------------- scalar reference (any CPU)
@@ -167,7 +168,7 @@ void q4k_slice(const uint8_t* tile, const Rows& x, int r0, int lane0, float* y, 
     const F d = Isa::half_to_f32(blk + 2304 + 2 * lane0), dmin = Isa::half_to_f32(blk + 2336 + 2 * lane0);
     const MinPairs pairs(blk + 2176 + lane0);
     for (int m = 0; m < MR; ++m) {
-      const I mins = pairs.times(x.xsum + (r0 + m) * (x.k / 16) + b * 16);
+      const I mins = pairs.times(x.sums16(r0 + m, b));
       const F block = Isa::fmsub(d, Isa::to_f32(acc[m]), Isa::mul(dmin, Isa::to_f32(mins)));
       out[m] = Isa::fmadd(Isa::fset1(x.scale(r0 + m, b)), block, out[m]);
     }
