@@ -29,8 +29,9 @@ from voiceagent.turn_taking import DEFAULT_OPTIONS, EndOfTurnWait, TurnTakingOpt
 AudioScorer = Callable[[np.ndarray], Awaitable[float]]
 
 
-def _words(text: str) -> list[str]:
-    """What two partials must share to be the same words: case and punctuation aside."""
+def scored_words(text: str) -> list[str]:
+    """What two partials must share to be the same words, whose score a later one takes again without a
+    forward: case and punctuation aside."""
     return re.findall(r"[\w']+", text.lower())
 
 
@@ -103,7 +104,7 @@ class ScoredEndpointing:
         if self.audio_scorer is not None and audio is not None and audio.size:
             audio_score = await self.audio_scorer(audio)
         audio_ms = (self.clock.now_ns() - started) / 1e6
-        words = _words(messages[-1]["content"])
+        words = scored_words(messages[-1]["content"])
         if words == self._scored_words and self._score is not None:
             score: float | None = self._score  # the same words heard again, further on: the same score
         else:

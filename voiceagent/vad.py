@@ -9,13 +9,14 @@ Decisions (all in `VadOptions`):
 - speech_start: chunks at or above `threshold` adding up to `min_speech_ms` (a dip below
   `threshold - hysteresis` before that starts over), with a mean level of at least `min_level_dbfs`. Its
   `t_ns` is the start of the first voiced chunk.
-- speech_end: at a chunk below `threshold - hysteresis`, once `end_silence_ms` have passed since the last
-  voiced chunk, or since the quiet tail began (`end_from_quiet`, below). Its `t_ns` is the END of the
+- speech_end: after a chunk below `threshold - hysteresis`, once `end_silence_ms` have passed since the last
+  voiced chunk, or since the quiet tail began (`end_from_quiet`, below), up to that chunk's end; checked at
+  every frame, so a wait shortened between chunks applies at the next frame. Its `t_ns` is the END of the
   last voiced chunk (Silero's), so `confirmed_ns - t_ns` is the wait (less the quiet tail Silero called
   voiced, when counted from it). `set_end_silence_ms` changes the wait on the fly (the turn-taking policy,
   voiceagent/turn_taking.py, shortens it for a finished sentence and lengthens it for a cut one); it
   applies to the silence under way, so a silence already longer than the new wait ends the speech at the
-  next chunk.
+  next frame.
 - The quiet tail: Silero's probability lags the end of a word by ~50-100 ms (its recurrent state), so
   `silence_ms` starts late. `quiet_ms` counts from the end of the last chunk that was also loud: within
   `quiet_margin_db` of the noise floor (a running mean of the silent chunks' level) and at least
@@ -151,6 +152,8 @@ class Endpointer:
         self._speaking = False
         self._last_voiced_end_ns = 0
         self._last_loud_end_ns = 0
+        self._scored_until_ns = 0  # the end of the last chunk scored ...
+        self._silent_chunk = False  # ... and whether Silero called it silent
         self._noise_db: float | None = None  # running mean level of the silent chunks
         self._speech_power = 0.0  # sum of linear power over the utterance's voiced chunks ...
         self._speech_chunks = 0  # ... and how many
@@ -203,8 +206,8 @@ class Endpointer:
 
     def set_end_silence_ms(self, ms: int, from_quiet: bool | None = None) -> None:
         """Ends speech after `ms` of silence from now on, the silence under way included: if it already
-        lasted `ms`, speech_end comes with the next scored chunk (within 32 ms). `from_quiet`: counted
-        from the quiet tail's start (None: `VadOptions.end_from_quiet`)."""
+        lasted `ms`, speech_end comes with the next frame pushed (once Silero has scored a silent chunk).
+        `from_quiet`: counted from the quiet tail's start (None: `VadOptions.end_from_quiet`)."""
         if not isinstance(ms, int | np.integer) or ms < 0:
             raise ValueError(f"the end-of-speech silence must be a whole number of ms >= 0, got {ms!r}")
         self._end_silence_ms = int(ms)
@@ -224,8 +227,9 @@ class Endpointer:
         if self._pending.size == 0:
             self._pending_start_ns = int(t_ns)
         self._pending = np.concatenate([self._pending, to_float(frame)])
-        if self._pending.size < CHUNK_SAMPLES:
-            return []
+        if self._pending.size < CHUNK_SAMPLES:  # no chunk; the wait may have shortened since the last one
+            edge = self._end_if_due(int(t_ns))
+            return [edge] if edge else []
         # < 320 samples remain, all from this frame: the chunk ends where they start.
         chunk, self._pending = self._pending[:CHUNK_SAMPLES], self._pending[CHUNK_SAMPLES:]
         chunk_start_ns = self._pending_start_ns
@@ -251,14 +255,12 @@ class Endpointer:
             if p >= o.threshold:
                 self._speech_power += 10.0 ** (level / 10.0)
                 self._speech_chunks += 1
-            if p >= o.threshold - o.hysteresis:
+            self._scored_until_ns, self._silent_chunk = end_ns, p < o.threshold - o.hysteresis
+            if not self._silent_chunk:
                 self._last_voiced_end_ns = end_ns
                 if not self._quiet(level):
                     self._last_loud_end_ns = end_ns
-            elif end_ns - self._silence_from_ns() >= self._end_silence_ms * 1_000_000:
-                self._speaking = False
-                return VadEdge("speech_end", self._last_voiced_end_ns, now_ns)
-            return None
+            return self._end_if_due(now_ns)
         threshold = o.guard_threshold if self._guard else o.threshold
         if p < threshold:
             if p < threshold - o.hysteresis:
@@ -276,8 +278,21 @@ class Endpointer:
             return None
         onset_ns, self._onset_ns = self._onset_ns, None
         self._speaking, self._last_voiced_end_ns, self._last_loud_end_ns = True, end_ns, end_ns
+        self._scored_until_ns, self._silent_chunk = end_ns, False
         self._speech_power, self._speech_chunks = self._onset_power, self._onset_chunks
         return VadEdge("speech_start", onset_ns, now_ns)
+
+    def _end_if_due(self, now_ns: int) -> VadEdge | None:
+        """speech_end, decided at the frame of `now_ns`, if the last scored chunk was silent and the silence
+        up to its end has lasted the wait. Checked at every frame, not only when a chunk is scored: a wait
+        shortened between two chunks (a finished sentence's score arriving) ends the speech at the next
+        frame instead of the next chunk (up to 32 ms sooner)."""
+        if not self._speaking or not self._silent_chunk:
+            return None
+        if self._scored_until_ns - self._silence_from_ns() < self._end_silence_ms * 1_000_000:
+            return None
+        self._speaking = False
+        return VadEdge("speech_end", self._last_voiced_end_ns, now_ns)
 
     def _silence_from_ns(self) -> int:
         """Where the silence that ends speech is counted from: the end of the last loud voiced chunk

@@ -5,8 +5,8 @@
 schedule (`PartialSchedule` with `SessionOptions`' times: a partial every 300 ms while the user speaks, pause
 partials at 32 ms of quiet or silence and at 128 ms of silence, the first not while a reply runs on a
 regular partial that returned in the silence having heard every word, as in the session), each partial's
-whole guess (`Transcript.text`) scored at once (the same words as the last partial's keep its score, as in
-the session).
+whole guess (`Transcript.text`) scored at once (the same words as the utterance's last scored partial's,
+case and punctuation aside, keep its score, as in the session: `endpointing.scored_words`).
 Time is the audio's: a partial decodes the audio pushed so far, and its score becomes known `asr_s +
 score_s` (measured wall time) later; no partial starts while one is in flight, as in the session. As in
 the session, a regular partial that returns after the user spoke on past its audio (by more than
@@ -45,6 +45,7 @@ import numpy as np
 
 from bench.turn_taking.clips import Clip
 from voiceagent.audio import frames, read_wav
+from voiceagent.endpointing import scored_words
 from voiceagent.llm import LocalLLM
 from voiceagent.llm_types import Message
 from voiceagent.partials import PartialSchedule, words_ahead
@@ -159,7 +160,7 @@ async def record(
         kind = schedule.due(t, silence_ms, busy=t < busy_until_ns, heard=heard, quiet_ms=quiet_ms)
         if kind is None:
             continue
-        last = rec.scored[-1] if rec.scored else None
+        last = next((s for s in reversed(rec.scored) if s.score is not None), None)  # the words scored last
         pause = kind == "pause"
         stop_ns = _stop_at(schedule, vad, i, t + FRAME_NS)
         transcript, scored = await _partial(
@@ -273,7 +274,8 @@ async def _partial(
         return transcript, Scored(returned_ns, heard_until_ns, None, text, asr_s, 0.0, pause, True, prefill_s)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.text}]
     started = time.perf_counter()
-    if last is not None and last.text == transcript.text and last.score is not None:
+    same_words = last is not None and scored_words(last.text) == scored_words(transcript.text)
+    if same_words and last is not None and last.score is not None:
         score: float | None = last.score
     else:
         score = await llm.end_of_turn_probability(messages) if transcript.text.strip() else None
@@ -292,7 +294,7 @@ async def _raw_score(
 ) -> float | None:
     """The raw score beside the head's (untimed: only the head's decides in the session; the words are
     cached, so it costs one id's forward)."""
-    if last is not None and last.text == text and last.raw_score is not None:
+    if last is not None and scored_words(last.text) == scored_words(text) and last.raw_score is not None:
         return last.raw_score
     return await llm.end_of_turn_probability(messages, learned=False)
 

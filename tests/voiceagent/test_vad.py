@@ -176,15 +176,30 @@ def test_a_shorter_wait_set_during_the_silence_ends_the_turn_sooner(speech: list
     assert 0.1 <= (edges[0].confirmed_ns - edges[0].t_ns) / 1e9 <= 0.16
 
 
-def test_a_wait_the_silence_already_passed_ends_it_at_the_next_chunk(speech: list[np.ndarray]) -> None:
+@pytest.mark.parametrize("silence_s", [0.24, 0.26, 0.28])  # frames that do and do not complete a chunk
+def test_a_wait_the_silence_already_passed_ends_it_at_the_next_frame(
+    speech: list[np.ndarray], silence_s: float
+) -> None:
+    """A wait shortened between two of Silero's chunks (a finished sentence's score arriving) ends the speech
+    at the very next frame, whether or not that frame completes a chunk."""
     endpointer = Endpointer()
-    _, t = push_until(endpointer, np.concatenate([silence(0.5), voiced(speech[1]), silence(0.25)]))
-    assert endpointer.speaking() and endpointer.silence_ms() >= 200
+    _, t = push_until(endpointer, np.concatenate([silence(0.5), voiced(speech[1]), silence(silence_s)]))
+    assert endpointer.speaking() and endpointer.silence_ms() >= 150
     endpointer.set_end_silence_ms(100)
     edges, _ = push_until(endpointer, silence(0.2), t)
     assert [e.kind for e in edges] == ["speech_end"]
-    assert edges[0].confirmed_ns - t <= 40_000_000  # within a Silero chunk of the change
+    assert edges[0].confirmed_ns == t  # the first frame pushed after the change
     assert endpointer.last_voiced_ns() == edges[0].t_ns
+
+
+def test_a_new_utterance_does_not_inherit_the_last_one_s_silence(speech: list[np.ndarray]) -> None:
+    """After an end, the next speech_start begins on a voiced chunk: the frames after it, which complete no
+    chunk, do not end it on the silence that ended the last one."""
+    endpointer = Endpointer(VadOptions(end_silence_ms=100))
+    clip = voiced(speech[1])
+    edges, _ = push_until(endpointer, np.concatenate([silence(0.5), clip, silence(0.6), clip, silence(0.6)]))
+    assert [e.kind for e in edges] == ["speech_start", "speech_end"] * 2
+    assert all(b.t_ns - a.t_ns >= 0.5e9 for a, b in zip(edges[::2], edges[1::2], strict=True))
 
 
 def test_a_longer_wait_keeps_a_paused_sentence_one_utterance(speech: list[np.ndarray]) -> None:
