@@ -12,13 +12,17 @@ wait follows it:
 - in between: a wait between the two, log-linear in the score.
 - a score from a partial that heard less than `settled_silence_ms` (100) of silence after the words (the
   first pause partial, at 32 ms of quiet) ends the turn after `complete_silence_ms` only at or above
-  `early_complete_score` (0.5); between the two scores the wait is at least `pending_silence_ms`, time
-  for the late pause partial (voiceagent/partials.py), which hears the silence and often a mark it
-  implies ("Pack a toothbrush a towel" becomes "Pack a toothbrush, a towel,"), to be decoded and
-  scored. A recogniser that has heard little silence misreads more, and a misread fragment may look
-  finished ("Call me Mercandlier of heaven." 0.51, for "Call me back on zero seven ..." paused in). 0.6
-  until 2026-12-06; 0.5 with the pause partial on the quiet tail ended finished questions in ~140 ms p50
-  instead of ~270 (bench/results/2026-12-06-cpu-xeon-amx-167-turn-taking-quiet.md).
+  `early_complete_score` (0.5); below it the wait is at least `pending_silence_ms`, time for the late
+  pause partial (voiceagent/partials.py), which hears the silence and often a mark it implies ("Pack a
+  toothbrush a towel" becomes "Pack a toothbrush, a towel,"), to be decoded and scored. A recogniser that
+  has heard little silence misreads more, and a misread fragment may look finished ("Call me Mercandlier
+  of heaven." 0.51, for "Call me back on zero seven ..." paused in). 0.6 until 2026-12-06; 0.5 with the
+  pause partial on the quiet tail ended finished questions in ~140 ms p50 instead of ~270
+  (bench/results/2026-12-06-cpu-xeon-amx-167-turn-taking-quiet.md). Until 2026-12-07 only scores from
+  `complete_score` up waited so; an unsettled score just under it ("Turn off the lights and lock them"
+  0.40, "My account number is one ate." 0.22) then ended the turn after its log-linear wait (120-420 ms)
+  before the late partial's lower score came on a loaded CPU, and cut the pause
+  (bench/results/2026-12-07-cpu-xeon-amx-167-unsettled.md).
 - the words' end, for the two rules above and the next: where the level fell (`Endpointer.last_loud_ns`),
   which Silero's voiced chunks overrun by ~100 ms over a microphone's noise.
 - words heard after the scored ones (the user spoke on after the partial's audio, by more than
@@ -273,7 +277,7 @@ class EndOfTurnWait:
         heard = heard_all(self._heard_until_ns, words_end_ns, options)
         wait = end_silence_ms(self._score, options)
         settled = self._heard_until_ns - words_end_ns >= options.settled_silence_ms * 1_000_000
-        unsettled = not settled and options.complete_score <= self._score < options.early_complete_score
+        unsettled = not settled and self._score < options.early_complete_score
         if (not heard or unsettled) and wait < options.pending_silence_ms:
             return options.pending_silence_ms, True
         if self._unsure:

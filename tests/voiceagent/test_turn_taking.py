@@ -99,8 +99,9 @@ def test_a_partial_that_heard_no_words_keeps_the_turn_open() -> None:
 
 
 def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn_quickly() -> None:
-    """The pause partial at the first silent chunk misreads more than the late one: between complete_score
-    and early_complete_score its words wait for the late partial's score (the pending wait)."""
+    """The pause partial at the first silent chunk misreads more than the late one: below
+    early_complete_score its words wait for the late partial's score (the pending wait), unless they
+    already wait longer."""
     ms = 1_000_000
     last_voiced = 2_000 * ms
     wait = EndOfTurnWait()
@@ -111,6 +112,15 @@ def test_a_partial_that_heard_little_silence_needs_a_surer_score_to_end_the_turn
     wait.scored(0.45, heard_until_ns=last_voiced + 140 * ms, text="Play some relaxing music.")
     assert wait.wait_ms(last_voiced) == OPTIONS.complete_silence_ms  # the late partial heard the silence
     assert OPTIONS.complete_score <= 0.45 < OPTIONS.early_complete_score
+    wait.scored(0.22, heard_until_ns=last_voiced + 40 * ms, text="My account number is one ate.")
+    in_between = end_silence_ms(0.22)
+    assert in_between < OPTIONS.pending_silence_ms  # alone, it would end the turn before the late partial
+    assert wait.wait_ms(last_voiced) == OPTIONS.pending_silence_ms
+    assert wait.wait_ms(last_voiced, scoring=True) == OPTIONS.incomplete_silence_ms  # held for that partial
+    wait.scored(0.22, heard_until_ns=last_voiced + 140 * ms, text="My account number is one ate.")
+    assert wait.wait_ms(last_voiced, scoring=True) == in_between  # settled: its own wait
+    wait.scored(0.02, heard_until_ns=last_voiced + 40 * ms, text="Turn off the lights and")
+    assert wait.wait_ms(last_voiced) == end_silence_ms(0.02) > OPTIONS.pending_silence_ms  # longer already
     with pytest.raises(ValueError, match="early_complete_score"):
         TurnTakingOptions(complete_score=0.5, early_complete_score=0.4)
 
