@@ -1,5 +1,6 @@
-"""Moonshine base on its shipped `.ort` graphs (the reference) and on the rebuilt float graphs, side by side,
-with Whisper tiny.en on the same clips in the same run.
+"""Moonshine base on its shipped `.ort` graphs (the reference), on the rebuilt float graphs, and on those with
+the int8 decoder (voiceagent/moonshine_graph.py), side by side, with Whisper tiny.en on the same clips in the
+same run.
 
     .venv/bin/python -m bench.moonshine_speed [--steps 20] [--repeat 3]
 
@@ -9,10 +10,11 @@ the encoding of JFK's first 5 s, `--repeat` times), the encoder's time for 2, 5 
 text, and its word error rate (voiceagent/wer.py; errors over all reference words). Whisper tiny.en
 (voiceagent/asr.py `load_whisper`) hears each clip in one `StreamingRecognizer` pass (`decode_final` with no
 partial before it). The three run clip by clip, interleaved, so that load from elsewhere falls on all alike;
-each is warmed up on one clip first. Last, the float graphs with a draft: each clip once more, its draft the
-tokens of a pass over all but its last 0.3 s (as the recogniser's final reuses its last partial's tokens).
-With `--partials-every-s S` (a minute more at 0.6), partials every S s over each clip on the float graphs,
-each decoded plainly and drafted with the previous drafted partial's tokens: time, and tokens the same.
+each is warmed up on one clip first. Last, the float and int8 decoders with a draft: each clip once more,
+its draft the tokens of a pass over all but its last 0.3 s (as the recogniser's final reuses its last
+partial's tokens). With `--partials-every-s S` (a minute more at 0.6), partials every S s over each clip on
+both, each decoded plainly and drafted with the previous drafted partial's tokens: time, and tokens the
+same.
 Progress goes to stderr; the LAST line on stdout is one JSON object with the figures.
 """
 
@@ -31,8 +33,8 @@ import numpy as np
 
 from voiceagent.asr import StreamingRecognizer, load_whisper
 from voiceagent.audio import frames, to_float
-from voiceagent.moonshine import MODEL_NAME, START_TOKEN, MoonshineModel
-from voiceagent.moonshine_graph import float_graphs, ort_graphs
+from voiceagent.moonshine import MODEL_NAME, START_TOKEN, DecoderKind, MoonshineModel
+from voiceagent.moonshine_graph import MoonshineGraphs, float_graphs, ort_graphs
 from voiceagent.real_speech import RealClip, load_clips
 from voiceagent.speech_models import prepare_speech_model
 from voiceagent.wer import normalized_words, word_error_rate
@@ -146,6 +148,10 @@ def whisper_pass(recognizer: StreamingRecognizer) -> Transcribe:
     return transcribe
 
 
+def same_texts(reference: list[ClipRun], runs: list[ClipRun]) -> str:
+    return f"{sum(a.text == b.text for a, b in zip(reference, runs, strict=True))}/{len(runs)}"
+
+
 def clip_runs(paths: dict[str, Transcribe], clips: list[RealClip]) -> dict[str, list[ClipRun]]:
     runs: dict[str, list[ClipRun]] = {name: [] for name in paths}
     for clip in clips:
@@ -177,12 +183,14 @@ def main() -> None:
     directory = prepare_speech_model(MODEL_NAME)
     loaded: dict[str, MoonshineModel] = {}
     load_s: dict[str, float] = {}
-    for name, graphs in (
-        ("moonshine-ort", ort_graphs(directory)),
-        ("moonshine-float", float_graphs(directory)),
-    ):
+    paths_and_decoders: tuple[tuple[str, MoonshineGraphs, DecoderKind], ...] = (
+        ("moonshine-ort", ort_graphs(directory), "float"),
+        ("moonshine-float", float_graphs(directory), "float"),
+        ("moonshine-int8", float_graphs(directory), "int8"),
+    )
+    for name, graphs, decoder in paths_and_decoders:
         start = time.perf_counter()
-        loaded[name] = MoonshineModel(graphs, directory / "tokenizer.json")
+        loaded[name] = MoonshineModel(graphs, directory / "tokenizer.json", decoder=decoder)
         load_s[name] = round(time.perf_counter() - start, 2)
     clips = load_clips(log=lambda _: None)
     jfk = to_float(next(c for c in clips if c.name == "jfk").audio)
@@ -197,13 +205,15 @@ def main() -> None:
     runs = clip_runs(paths, clips)
     for name, model_runs in runs.items():
         figures.setdefault(name, {}).update(summary(model_runs, clips))
-    figures["moonshine-float+draft"] = drafted_runs(loaded["moonshine-float"], clips, runs["moonshine-float"])
-    if args.partials_every_s > 0:
-        partials = drafted_partials(loaded["moonshine-float"], clips, args.partials_every_s)
-        figures["moonshine-float partials"] = partials
-    pairs = zip(runs["moonshine-ort"], runs["moonshine-float"], strict=True)
-    same = sum(a.text == b.text for a, b in pairs)
-    result = {"machine": cpu_facts(), "figures": figures, "same_transcripts": f"{same}/{len(clips)}"}
+    for name in ("moonshine-float", "moonshine-int8"):
+        figures[f"{name}+draft"] = drafted_runs(loaded[name], clips, runs[name])
+        if args.partials_every_s > 0:
+            figures[f"{name} partials"] = drafted_partials(loaded[name], clips, args.partials_every_s)
+    same = {
+        f"{name} as moonshine-ort": same_texts(runs["moonshine-ort"], runs[name])
+        for name in ("moonshine-float", "moonshine-int8")
+    }
+    result = {"machine": cpu_facts(), "figures": figures, "same_transcripts": same}
     print(json.dumps({**result, "runs": {name: [asdict(r) for r in rs] for name, rs in runs.items()}}))
 
 

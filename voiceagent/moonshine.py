@@ -21,15 +21,26 @@ with the same kernels): 11-13 ms a step (quiet; 17-23 under load, against 77-117
 faster, and with a draft a final pass over the 13 real clips costs 0.7-0.95x Whisper tiny.en's; the same
 transcripts on all 13 (bench/results/2026-12-01-cpu-moonshine-speed.md). The shipped graphs stay the
 reference: `MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
+
+The decoder runs its weight MatMuls in int8 where that is faster (moonshine_graph.py's int8 decoder: the same
+weights, int8 activations): on the 2-core AVX-512 Xeon a step costs 6-8 ms instead of 14-17, a drafted pass
+~20 ms less, with the same transcripts on the real clips and 314 of 318 passes token for token
+(bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). Where onnxruntime has no int8 kernel for the
+CPU it would dequantise every weight on every call (~10x slower): `MoonshineModel` times two steps of the
+int8 decoder when it loads and keeps the float decoder if a step took over `SLOW_INT8_STEP_MS`.
+`VOICEAGENT_MOONSHINE_DECODER=float` (or `int8`) chooses without the probe.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, cast
 
 import numpy as np
 import onnxruntime
@@ -53,6 +64,12 @@ TOKENS_PER_S, EXTRA_TOKENS = (
     8,
 )  # the reference's bound (6 per second of audio), plus a few for short audio
 MIN_AUDIO_S = 0.1  # shorter input is too short for the encoder's convolutions
+SLOW_INT8_STEP_MS = 60.0  # an int8 step here without int8 kernels: 150+ ms; with them 6-8 (float: 14-17)
+PROBE_FRAMES = 50  # encoder states (~1.2 s of audio) the load-time probe decodes against
+DecoderKind = Literal["auto", "int8", "float"]
+DECODER_KINDS: tuple[DecoderKind, ...] = ("auto", "int8", "float")
+
+log = logging.getLogger(__name__)
 PRE_ROLL_MS = 400.0
 FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
 
@@ -65,17 +82,36 @@ def pick_probability(logits: np.ndarray) -> float:
 class MoonshineModel:
     """The encoder and the merged decoder (with KV cache), and the tokenizer. Thread-safe for decoding."""
 
-    def __init__(self, graphs: MoonshineGraphs, tokenizer: Path) -> None:
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = min(2, os.cpu_count() or 1)
-        options.inter_op_num_threads = 1
-        # A spinning second thread doubled the step (17 -> 33 ms) with another process on one of two cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        cpu = ["CPUExecutionProvider"]
-        self.encoder = onnxruntime.InferenceSession(str(graphs.encoder), options, providers=cpu)
-        self.decoder = onnxruntime.InferenceSession(str(graphs.decoder), options, providers=cpu)
+    def __init__(self, graphs: MoonshineGraphs, tokenizer: Path, decoder: DecoderKind = "auto") -> None:
+        """`decoder`: "auto" runs the int8 decoder unless it has none or its load-time probe step is slow
+        (then the float one); "int8" and "float" choose without a probe."""
+        self.encoder = open_session(graphs.encoder)
         self.tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
+        if decoder == "int8" and graphs.int8_decoder is None:
+            raise ValueError("these graphs have no int8 decoder")
+        int8 = graphs.int8_decoder if decoder != "float" else None
+        self.decoder_kind: Literal["int8", "float"] = "float" if int8 is None else "int8"
+        self.decoder = open_session(int8 or graphs.decoder)
         self._past_names = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values")]
+        self.probe_step_ms: float | None = None  # the int8 decoder's step when "auto" chose it by a probe
+        if decoder == "auto" and int8 is not None:
+            self.probe_step_ms = self.step_ms()
+            if self.probe_step_ms > SLOW_INT8_STEP_MS:
+                log.warning("Moonshine's int8 decoder took %.0f ms a step on this CPU: using the float one",
+                            self.probe_step_ms)  # fmt: skip
+                self.decoder_kind, self.decoder = "float", open_session(graphs.decoder)
+
+    def step_ms(self, steps: int = 2) -> float:
+        """The least time of `steps` decoder steps after a first call, against zero encoder states."""
+        hidden = np.zeros((1, PROBE_FRAMES, self.encoder.get_outputs()[0].shape[-1]), dtype=np.float32)
+        cache = self.empty_cache()
+        self.decode(hidden, cache, [START_TOKEN])
+        times = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            self.decode(hidden, cache, [START_TOKEN])
+            times.append((time.perf_counter() - started) * 1e3)
+        return min(times)
 
     def transcribe(self, audio: np.ndarray, draft: Sequence[int] = ()) -> str:
         """audio: [n] float32 at 16 kHz -> its text (greedy; empty for too little audio)."""
@@ -129,7 +165,8 @@ class MoonshineModel:
         weights are read once): its logits say which token greedy decoding picks after each draft prefix. The
         draft is accepted up to its first token that is not the pick, the pick there is the bonus token, and
         the steps go on from it. The tokens are those of decoding without a draft (the logits of a batched
-        call match a step's to ~2e-5), at the cost of one call plus a step per token after the accepted ones.
+        call match a step's to ~2e-5 in float, a probability point in int8), at the cost of one call plus a
+        step per token after the accepted ones.
         `picked`, if given, receives the probability of each token returned. Once `stop` is set, the next
         decoder call raises `PassStopped` instead (a step is ~11 ms: the pass ends within one).
         """
@@ -199,12 +236,31 @@ def _check(stop: threading.Event | None, tokens: list[int]) -> None:
         raise PassStopped(tokens)
 
 
+def open_session(path: Path) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = min(2, os.cpu_count() or 1)
+    options.inter_op_num_threads = 1
+    # A spinning second thread doubled the step (17 -> 33 ms) with another process on one of two cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
 @functools.cache
 def load_moonshine() -> MoonshineModel:
-    """The process's shared Moonshine model on its float graphs (prepared from its packages, and the float
-    graphs built, on the first call ever; loaded on the first call in a process)."""
+    """The process's shared Moonshine model on its rebuilt graphs, the int8 decoder where it is faster
+    (prepared from its packages, and the graphs built, on the first call ever; loaded on the first call in a
+    process)."""
     directory = prepare_speech_model(MODEL_NAME)
-    return MoonshineModel(float_graphs(directory), directory / "tokenizer.json")
+    return MoonshineModel(float_graphs(directory), directory / "tokenizer.json", decoder_from_environment())
+
+
+def decoder_from_environment() -> DecoderKind:
+    """`$VOICEAGENT_MOONSHINE_DECODER` (auto, int8 or float; unset: auto)."""
+    chosen = os.environ.get("VOICEAGENT_MOONSHINE_DECODER") or "auto"
+    if chosen not in DECODER_KINDS:
+        expected = ", ".join(DECODER_KINDS)
+        raise ValueError(f"VOICEAGENT_MOONSHINE_DECODER={chosen!r}: expected one of {expected}")
+    return cast(DecoderKind, chosen)
 
 
 class MoonshineRecognizer:
