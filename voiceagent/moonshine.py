@@ -23,11 +23,11 @@ transcripts on all 13 (bench/results/2026-12-01-cpu-moonshine-speed.md). The shi
 reference: `MoonshineModel(moonshine_graph.ort_graphs(directory), tokenizer)`.
 
 The decoder runs its weight MatMuls in int8 where that is faster (moonshine_graph.py's int8 decoder: the same
-weights, int8 activations): on the 2-core AVX-512 Xeon a step costs 6-8 ms instead of 14-17, a drafted pass
-~20 ms less, with the same transcripts on the real clips and 314 of 318 passes token for token
-(bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). Where onnxruntime has no int8 kernel for the
-CPU it would dequantise every weight on every call (~10x slower): `MoonshineModel` times two steps of the
-int8 decoder when it loads and keeps the float decoder if a step took over `SLOW_INT8_STEP_MS`.
+weights, int8 activations): on the 2-core AVX-512 Xeon a step costs 6-8 ms instead of 12-17, a drafted
+pass over a question 5-20 ms less, with the same transcripts on the real clips and 314 of 318 passes token
+for token (bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). Where onnxruntime has no int8
+kernel for the CPU it would dequantise every weight on every call (~10x slower): `MoonshineModel` times two
+steps of the int8 decoder when it loads and keeps the float decoder if a step took over `SLOW_INT8_STEP_MS`.
 `VOICEAGENT_MOONSHINE_DECODER=float` (or `int8`) chooses without the probe.
 """
 
@@ -64,14 +64,14 @@ TOKENS_PER_S, EXTRA_TOKENS = (
     8,
 )  # the reference's bound (6 per second of audio), plus a few for short audio
 MIN_AUDIO_S = 0.1  # shorter input is too short for the encoder's convolutions
-SLOW_INT8_STEP_MS = 60.0  # an int8 step here without int8 kernels: 150+ ms; with them 6-8 (float: 14-17)
+PRE_ROLL_MS = 400.0
+FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
+SLOW_INT8_STEP_MS = 60.0  # an int8 step without int8 kernels: ~150 ms; with them 6-8 here (float 12-17)
 PROBE_FRAMES = 50  # encoder states (~1.2 s of audio) the load-time probe decodes against
 DecoderKind = Literal["auto", "int8", "float"]
 DECODER_KINDS: tuple[DecoderKind, ...] = ("auto", "int8", "float")
 
 log = logging.getLogger(__name__)
-PRE_ROLL_MS = 400.0
-FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
 
 
 def pick_probability(logits: np.ndarray) -> float:

@@ -19,10 +19,10 @@ weight was shipped on a per-tensor int8 grid (`w = q * scale + offset`, with `of
 `scale`s), so `(u - zero_point) * scale` with `u = q + 128` holds the very same weights, a quarter of the
 float bytes; level 4 quantises the activations too, each row in blocks of 32 (as llama.cpp's Q8 activations),
 and multiplies in int8 (VNNI where the CPU has it). A decoder step reads ~41 MB of weights instead of ~165:
-on the 2-core AVX-512 Xeon a step fell from 14-17 ms to 6-8, a drafted pass from ~87 ms to ~67, with the
-same transcripts (bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). The cross-attention's
-keys and values, computed once per pass over every encoder frame (100+ rows), stay float: there the float
-kernels are faster.
+on the 2-core AVX-512 Xeon a step fell from 12-17 ms to 6-8, a drafted pass over a question by 5-20 ms,
+with the same transcripts (bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). The
+cross-attention's keys and values, computed once per pass over every encoder frame (100+ rows), stay float:
+there the float kernels are faster.
 
 ONNX's protobuf schema is not a dependency here: the few fields touched are declared below (field numbers
 from onnx.proto, fixed by the format); every other field passes through untouched as an unknown field.
