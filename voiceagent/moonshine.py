@@ -26,8 +26,10 @@ The decoder runs its weight MatMuls in int8 where that is faster (moonshine_grap
 weights, int8 activations): on the 2-core AVX-512 Xeon a step costs 6-8 ms instead of 12-17, a drafted
 pass over a question 5-20 ms less, with the same transcripts on the real clips and 314 of 318 passes token
 for token (bench/results/2026-12-07-cpu-xeon-amx-167-moonshine-int8.md). Where onnxruntime has no int8
-kernel for the CPU it would dequantise every weight on every call (~10x slower): `MoonshineModel` times two
-steps of the int8 decoder when it loads and keeps the float decoder if a step took over `SLOW_INT8_STEP_MS`.
+kernel for the CPU it would dequantise every weight on every call (~10x slower), and kernels without VNNI
+(a plain AVX2 CPU) are not measured: `MoonshineModel` times two steps of the int8 decoder when it loads,
+and if a step took over `COMPARE_ABOVE_MS` (more than the float decoder's step on the CPUs measured) it
+times the float decoder too and keeps the faster.
 `VOICEAGENT_MOONSHINE_DECODER=float` (or `int8`) chooses without the probe.
 """
 
@@ -66,7 +68,7 @@ TOKENS_PER_S, EXTRA_TOKENS = (
 MIN_AUDIO_S = 0.1  # shorter input is too short for the encoder's convolutions
 PRE_ROLL_MS = 400.0
 FINAL_TAIL_S = 0.2  # audio kept after the end of speech for the final's own pass
-SLOW_INT8_STEP_MS = 60.0  # an int8 step without int8 kernels: ~150 ms; with them 6-8 here (float 12-17)
+COMPARE_ABOVE_MS = 12.0  # int8 steps 6-8 ms on the AVX-512 Xeon; float 12-17 there, 11-13 on an AVX2 EPYC
 PROBE_FRAMES = 50  # encoder states (~1.2 s of audio) the load-time probe decodes against
 DecoderKind = Literal["auto", "int8", "float"]
 DECODER_KINDS: tuple[DecoderKind, ...] = ("auto", "int8", "float")
@@ -93,13 +95,25 @@ class MoonshineModel:
         self.decoder_kind: Literal["int8", "float"] = "float" if int8 is None else "int8"
         self.decoder = open_session(int8 or graphs.decoder)
         self._past_names = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values")]
-        self.probe_step_ms: float | None = None  # the int8 decoder's step when "auto" chose it by a probe
+        self.probe_step_ms: dict[str, float] = {}  # what "auto" measured: the int8 step, and the float one
         if decoder == "auto" and int8 is not None:
-            self.probe_step_ms = self.step_ms()
-            if self.probe_step_ms > SLOW_INT8_STEP_MS:
-                log.warning("Moonshine's int8 decoder took %.0f ms a step on this CPU: using the float one",
-                            self.probe_step_ms)  # fmt: skip
-                self.decoder_kind, self.decoder = "float", open_session(graphs.decoder)
+            self._keep_the_faster_decoder(graphs.decoder)
+
+    def _keep_the_faster_decoder(self, float_decoder: Path) -> None:
+        """The int8 decoder is loaded: time its step; over COMPARE_ABOVE_MS, time the float decoder's too and
+        keep whichever was faster."""
+        self.probe_step_ms["int8"] = self.step_ms()
+        if self.probe_step_ms["int8"] <= COMPARE_ABOVE_MS:
+            return
+        int8 = self.decoder
+        self.decoder = open_session(float_decoder)
+        self.probe_step_ms["float"] = self.step_ms()
+        if self.probe_step_ms["float"] < self.probe_step_ms["int8"]:
+            self.decoder_kind = "float"
+            message = "Moonshine's decoder step: int8 %.1f ms, float %.1f ms on this CPU: using the float one"
+            log.warning(message, self.probe_step_ms["int8"], self.probe_step_ms["float"])
+        else:
+            self.decoder = int8
 
     def step_ms(self, steps: int = 2) -> float:
         """The least time of `steps` decoder steps after a first call, against zero encoder states."""

@@ -274,21 +274,34 @@ def test_the_int8_decoder_hears_real_speech_as_the_float_decoder_does() -> None:
         assert np.abs(float_rows - int8_rows).max() < 1.0, clip.name
 
 
+def stepping(*times_ms: float) -> Any:
+    """A stand-in for `MoonshineModel.step_ms` that gives `times_ms` in turn."""
+    times = iter(times_ms)
+    return lambda self: next(times)
+
+
 @pytest.mark.bundled
-def test_the_int8_decoder_is_kept_only_where_its_step_is_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The load-time probe: here the int8 step is fast and kept; a probe that finds it slow (a CPU without
-    int8 kernels) falls back to the float decoder; the shipped graphs have no int8 decoder."""
+def test_the_int8_decoder_is_kept_where_its_step_is_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load-time probe: here the int8 step is fast and kept without timing the float one; an int8 step
+    over COMPARE_ABOVE_MS has the float decoder timed too, and the faster kept (a CPU without fast int8
+    kernels); the shipped graphs have no int8 decoder."""
     directory = prepare_speech_model(MODEL_NAME)
     graphs = float_graphs(directory)
-    chosen = MoonshineModel(graphs, directory / "tokenizer.json")
-    assert chosen.decoder_kind == "int8" and chosen.probe_step_ms is not None
-    assert chosen.probe_step_ms < moonshine.SLOW_INT8_STEP_MS
-    monkeypatch.setattr(MoonshineModel, "step_ms", lambda self: 10 * moonshine.SLOW_INT8_STEP_MS)
-    slow = MoonshineModel(graphs, directory / "tokenizer.json")
-    assert slow.decoder_kind == "float" and slow.decoder._model_path == str(graphs.decoder)
-    assert MoonshineModel(ort_graphs(directory), directory / "tokenizer.json").decoder_kind == "float"
+    tokenizer = directory / "tokenizer.json"
+    chosen = MoonshineModel(graphs, tokenizer)
+    assert chosen.decoder_kind == "int8" and list(chosen.probe_step_ms) == ["int8"]
+    assert chosen.probe_step_ms["int8"] < moonshine.COMPARE_ABOVE_MS
+    for int8_ms, float_ms, kept, path in (
+        (150.0, 14.0, "float", graphs.decoder),
+        (20.0, 30.0, "int8", graphs.int8_decoder),
+    ):
+        monkeypatch.setattr(MoonshineModel, "step_ms", stepping(int8_ms, float_ms))
+        model = MoonshineModel(graphs, tokenizer)
+        assert model.decoder_kind == kept and model.decoder._model_path == str(path)
+        assert model.probe_step_ms == {"int8": int8_ms, "float": float_ms}
+    assert MoonshineModel(ort_graphs(directory), tokenizer).decoder_kind == "float"
     with pytest.raises(ValueError, match="no int8 decoder"):
-        MoonshineModel(ort_graphs(directory), directory / "tokenizer.json", decoder="int8")
+        MoonshineModel(ort_graphs(directory), tokenizer, decoder="int8")
 
 
 @pytest.mark.bundled
