@@ -55,7 +55,7 @@ FLOAT, UINT8, INT8 = 1, 2, 3  # TensorProto.DataType
 ELEMENT_TYPES = {FLOAT: np.float32, UINT8: np.uint8, INT8: np.int8}
 ATTRIBUTE_INT = 2  # AttributeProto.AttributeType.INT
 INT8_BLOCK = 32  # MatMulNBits' block along K (every block's scale is the tensor's one scale)
-INT8_ACCURACY_LEVEL = 4  # int8 activations and int8 products: the fast kernels (levels 0-2 ran 6x slower)
+INT8_ACCURACY_LEVEL = 4  # int8 activations and products (levels 0-2 dequantise per call: 6-30x float's time)
 FLOAT_MATMUL_INPUTS = frozenset({"encoder_hidden_states"})  # 100+ rows: the float kernels are faster there
 
 Proto = Any  # a message of the dynamic ONNX subset below (mypy cannot see dynamic protobuf classes)
@@ -124,7 +124,7 @@ def onnx_subset_pool() -> descriptor_pool.DescriptorPool:
 def tensor_array(tensor: Proto) -> np.ndarray:
     """A raw-data initializer of a known element type -> its array."""
     if tensor.data_type not in ELEMENT_TYPES or not tensor.HasField("raw_data"):
-        raise MoonshineGraphError(f"initializer {tensor.name!r}: expected raw int8/float32 data")
+        raise MoonshineGraphError(f"initializer {tensor.name!r}: expected raw int8, uint8 or float32 data")
     array = np.frombuffer(tensor.raw_data, dtype=ELEMENT_TYPES[tensor.data_type])
     return array.reshape(tuple(tensor.dims))
 

@@ -110,8 +110,7 @@ def nbits_weight(graph: Any, matmul: Any) -> np.ndarray:
     """A MatMulNBits node's weight [K, N] as its kernel reads it: (B - zero point) * scale, block by block."""
     attributes = {a.name: a.i for a in matmul.attribute}
     k, n = attributes["K"], attributes["N"]
-    initializers = {t.name: tensor_array(t) if t.data_type != 2 else np.frombuffer(t.raw_data, np.uint8)
-                    for t in graph.initializer}  # fmt: skip
+    initializers = {t.name: tensor_array(t) for t in graph.initializer}
     b, scales, zero_points = (initializers[name] for name in matmul.input[1:])
     assert b.size == n * k and scales.size == zero_points.size == n * k // attributes["block_size"]
     blocks = b.reshape(n * k // attributes["block_size"], -1).astype(np.float32)
