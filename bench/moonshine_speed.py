@@ -183,10 +183,11 @@ def main() -> None:
     directory = prepare_speech_model(MODEL_NAME)
     loaded: dict[str, MoonshineModel] = {}
     load_s: dict[str, float] = {}
+    rebuilt = float_graphs(directory)  # checked by sha256 once
     paths_and_decoders: tuple[tuple[str, MoonshineGraphs, DecoderKind], ...] = (
         ("moonshine-ort", ort_graphs(directory), "float"),
-        ("moonshine-float", float_graphs(directory), "float"),
-        ("moonshine-int8", float_graphs(directory), "int8"),
+        ("moonshine-float", rebuilt, "float"),
+        ("moonshine-int8", rebuilt, "int8"),
     )
     for name, graphs, decoder in paths_and_decoders:
         start = time.perf_counter()

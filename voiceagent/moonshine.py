@@ -85,8 +85,9 @@ class MoonshineModel:
     """The encoder and the merged decoder (with KV cache), and the tokenizer. Thread-safe for decoding."""
 
     def __init__(self, graphs: MoonshineGraphs, tokenizer: Path, decoder: DecoderKind = "auto") -> None:
-        """`decoder`: "auto" runs the int8 decoder unless it has none or its load-time probe step is slow
-        (then the float one); "int8" and "float" choose without a probe."""
+        """`decoder`: "auto" runs the int8 decoder unless the graphs have none, or its load-time probe step
+        is over COMPARE_ABOVE_MS and the float decoder's step is faster; "int8" and "float" choose without a
+        probe."""
         self.encoder = open_session(graphs.encoder)
         self.tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer))
         if decoder == "int8" and graphs.int8_decoder is None:
