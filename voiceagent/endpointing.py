@@ -70,20 +70,6 @@ class ScoredEndpointing:
         policy's `heard_slack_ms`; the default slack under the silence rule)."""
         return heard_all(heard_until_ns, self.endpointer.last_voiced_ns(), self.options or DEFAULT_OPTIONS)
 
-    def words_finished(self, text: str) -> bool:
-        """`text` (a partial's words) is what was scored last, and its score ends the turn after the short
-        wait of finished words (`EndOfTurnWait.ends_quickly`): every word heard by where the audio went
-        quiet, none doubted. A reply may start on it before Silero's silence (voiceagent/session.py)."""
-        if self.wait is None or self._score is None or scored_words(text) != self._scored_words:
-            return False
-        return self.wait.ends_quickly(self.endpointer.last_loud_ns())
-
-    def heard_to_quiet(self, heard_until_ns: int) -> bool:
-        """A partial whose audio ends at `heard_until_ns` heard every word by where the audio went quiet
-        (`Endpointer.last_loud_ns`, within `heard_slack_ms`): no word was said after it, though Silero's
-        voiced chunks may run on past it."""
-        return heard_all(heard_until_ns, self.endpointer.last_loud_ns(), self.options or DEFAULT_OPTIONS)
-
     def before_frame(self, scoring: bool = False) -> None:
         """Called for each input frame before the endpointer hears it: the wait the latest score says
         (`scoring`: a partial is being decoded or scored, `EndOfTurnWait.wait_ms`).

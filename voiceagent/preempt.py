@@ -75,12 +75,9 @@ class PreemptiveReply:
         proposal: Sequence[int] = (),
         speak_ahead: SpeakAhead | None = None,
         heard_until_ns: int = 0,
-        before_silence: bool = False,
     ) -> None:
         self.messages = [dict(message) for message in messages]
         self.heard_until_ns = heard_until_ns  # the end of the audio its partial heard
-        # begun on words scored finished while Silero still heard voice (its chunks run on past the words)
-        self.before_silence = before_silence
         self._given = [int(i) for i in proposal]
         self._own_ids: list[int] = []
         self._arrived: asyncio.Queue[ReplyBlock | Exception | None] = asyncio.Queue()
@@ -193,30 +190,20 @@ class Preemption:
             self.drop(turn, "the words changed")
             await reply.stopped()
 
-    def start(
-        self,
-        turn: int,
-        messages: Sequence[Message],
-        text: str,
-        heard_until_ns: int,
-        before_silence: bool = False,
-    ) -> None:
+    def start(self, turn: int, messages: Sequence[Message], text: str, heard_until_ns: int) -> None:
         """Starts the reply to `messages` (the history and the partial `text`, which heard the audio up to
         `heard_until_ns`) unless it is running; a reply to other words is cancelled, its ids proposed to
-        the new one. `before_silence`: the words scored finished while Silero still hears voice."""
+        the new one."""
         if self.reply is not None and self.reply.matches(messages):
             self.reply.heard_until_ns = max(self.reply.heard_until_ns, heard_until_ns)
-            self.reply.before_silence = self.reply.before_silence and before_silence
             return  # the same words: keep the reply that is already running
         proposal = self.reply.proposal_ids if self.reply is not None else self._carried
         self._carried = []
         self.drop(turn, "the words changed")
         self.reply = PreemptiveReply(
-            self.llm, messages, self.options, proposal, self.speak_ahead, heard_until_ns, before_silence
+            self.llm, messages, self.options, proposal, self.speak_ahead, heard_until_ns
         )
-        self.trace.write(
-            LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal), before_silence=before_silence
-        )
+        self.trace.write(LLM_PREEMPTIVE_START, turn, text=text, proposed=len(proposal))
 
     def heard_all(self, heard_all: Callable[[int], bool]) -> int | None:
         """The end of the audio heard by the partial the running reply started on, if that partial heard

@@ -193,8 +193,8 @@ class Session:
     def _schedule_partial(self, t: int) -> None:
         """The partial due now (voiceagent/partials.py), in a task of its own."""
         silence_ms, quiet_ms = self.endpointer.silence_ms(), self.endpointer.quiet_ms()
-        if not self.partials.silent(silence_ms, quiet_ms) and not self._reply_heard_all_words():
-            self._drop_preemption("speech resumed")  # the user spoke on: a reply guessed at a pause is stale
+        if not self.partials.silent(silence_ms, quiet_ms):  # the user spoke on: a reply guessed at a pause
+            self._drop_preemption("speech resumed")  # is stale
         heard = self.preemption.heard_all(self.endpointing.heard_all) is not None  # a stand-in (partials.py)
         busy = self._decoding is not None
         if busy and self.partials.pause_due(silence_ms, quiet_ms, heard):
@@ -206,17 +206,6 @@ class Session:
             self._decoding = asyncio.create_task(
                 self._partial(self.turn, heard_until_ns, pause=kind == "pause")
             )
-
-    def _reply_heard_all_words(self) -> bool:
-        """The reply running was begun on finished words before Silero's silence (`_head_start`), and no word
-        has been said after its partial's audio, by the level: it stands while Silero's voiced chunks run
-        on past the words."""
-        reply = self.preemption.reply
-        return (
-            reply is not None
-            and reply.before_silence
-            and self.endpointing.heard_to_quiet(reply.heard_until_ns)
-        )
 
     def _stop_partial(self) -> None:
         """A pause partial is due: stops the partial still decoding if its audio ends before the last words
@@ -396,18 +385,14 @@ class Session:
 
     def _head_start(self, turn: int, stable: str, text: str, pause: bool, heard_ns: int | None) -> None:
         """A partial that returns in silence having heard every word said (up to `heard_ns`; None: not all)
-        starts the reply (it stands in for the pause partial, or that confirms it or starts it again). So
-        does one whose words scored finished and that heard every word by where the audio went quiet,
-        while Silero still hears voice (its chunks run on ~50-100 ms past the words): the reply gets that
-        much of a head start, and stands until a word is said after its audio. While the user still
-        speaks, its words are fed (`words_ahead`: its guess but the last word, at least the stable
-        words). Not once they are quiet: the pause partial is near, and a forward then would hold up its
-        decode and score."""
+        starts the reply (it stands in for the pause partial, or that confirms it or starts it again); while
+        the user still speaks, its words are fed (`words_ahead`: its guess but the last word, at least the
+        stable words). Not once they are quiet: the pause partial is near, and a forward then would hold
+        up its decode and score."""
         silence_ms = self.endpointer.silence_ms()
         silent = (pause and self.partials.paused) or silence_ms >= self.options.pause_ms / 2
-        finished = not silent and heard_ns is not None and self.endpointing.words_finished(text)
-        if (silent or finished) and heard_ns is not None and self.options.preemptive_reply and text:
-            self.preemption.start(turn, self._with_user(text), text, heard_ns, before_silence=finished)
+        if silent and heard_ns is not None and self.options.preemptive_reply and text:
+            self.preemption.start(turn, self._with_user(text), text, heard_ns)
         elif not pause and silence_ms == 0.0:
             ahead = words_ahead(stable, text)
             self.preemption.prefill(turn, self._with_user(ahead), ahead)

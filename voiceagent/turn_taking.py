@@ -264,14 +264,6 @@ class EndOfTurnWait:
             return max(wait, self.options.incomplete_silence_ms)
         return wait
 
-    def ends_quickly(self, words_end_ns: int) -> bool:
-        """The latest score ends the turn after `complete_silence_ms`: words scored finished (settled, or at
-        `early_complete_score` if not), every word heard by `words_end_ns`, none the recogniser doubted."""
-        if self._score is None:
-            return False
-        wait, awaiting = self._wait_ms(words_end_ns)
-        return not awaiting and wait <= self.options.complete_silence_ms
-
     def _wait_ms(self, words_end_ns: int) -> tuple[int, bool]:
         """The wait, and whether it only waits for a score to come (the pending wait)."""
         options = self.options

@@ -127,67 +127,6 @@ def test_turn_taking_off_keeps_the_silence_rule_with_a_scoring_llm() -> None:
     assert endpoint_wait_ms(h) >= 180 and not llm.scored  # the fake endpointer's own 10 frames
 
 
-def _trace(h: Harness, event: str) -> list[dict[str, Any]]:
-    return [r for r in h.trace.records if r["event"] == event]
-
-
-# Silero's silence 8 frames (160 ms) behind the level, no pause partial on the quiet tail nor a late one:
-# the regular partials (every 100 ms) are all that hears the words' end before Silero does.
-BEFORE_SILENCE = SessionOptions(
-    turn_taking=TURN_TAKING, partial_every_ms=100, pause_quiet_ms=0, late_pause_ms=0
-)
-
-
-def test_a_partial_that_heard_finished_words_starts_the_reply_before_silero_hears_silence() -> None:
-    """A regular partial that heard every word (by the level) and scored finished starts the reply while
-    Silero's voiced chunks still run on; the reply stands through the quiet and is kept at speech_end."""
-
-    async def scenario(h: Harness) -> None:
-        h.session.endpointer.silence_lag_frames = 8  # type: ignore[attr-defined]
-        await h.frames(LOUD, 20)
-        await h.frames(QUIET, 5)
-        await h.settle(lambda: bool(_trace(h, "llm.preemptive_start")))
-        assert h.session.endpointer.silence_ms() == 0.0  # Silero still hears voice
-        await h.frames(QUIET, 12)
-        await h.settle(lambda: bool(h.of(TurnEnded)))
-        h.play(1)
-
-    llm = ScoringLLM()
-    h = run(scenario, llm=llm, recognizer=VoicedWordsRecognizer("hello there"), options=BEFORE_SILENCE)
-    start = _trace(h, "llm.preemptive_start")[0]
-    assert start["text"] == "hello there" and start["before_silence"] is True
-    assert not _trace(h, "llm.preemptive_cancel")
-    assert _trace(h, "llm.first_block")[0]["preemptive"] is True and len(llm.histories) == 1
-    assert [e.text for e in h.of(TranscriptFinal)] == ["hello there"]
-
-
-def test_a_reply_begun_before_silence_is_dropped_when_the_user_speaks_on() -> None:
-    """ "hello there" scored finished, the reply begun on it before Silero's silence, then "my friend":
-    the reply is dropped as soon as words come after its partial's audio, and the turn answers them all."""
-
-    async def scenario(h: Harness) -> None:
-        h.session.endpointer.silence_lag_frames = 8  # type: ignore[attr-defined]
-        await h.frames(LOUD, 20)
-        await h.frames(QUIET, 5)
-        await h.settle(lambda: bool(_trace(h, "llm.preemptive_start")))
-        await h.frames(LOUD, 20)
-        assert not h.session.preemption.reply or h.session.preemption.reply.messages[-1]["content"] != (
-            "hello there"
-        )
-        await h.frames(QUIET, 20)
-        await h.settle(lambda: bool(h.of(TurnEnded)))
-        h.play(1)
-
-    llm = ScoringLLM(complete_after=("there", "friend"))
-    recognizer = VoicedWordsRecognizer("hello there my friend")
-    h = run(scenario, llm=llm, recognizer=recognizer, options=BEFORE_SILENCE)
-    assert _trace(h, "llm.preemptive_start")[0]["text"] == "hello there"
-    assert _trace(h, "llm.preemptive_cancel")[0]["reason"] == "speech resumed"
-    assert [e.text for e in h.of(TranscriptFinal)] == ["hello there my friend"]
-    assert llm.histories[-1][-1] == {"role": "user", "content": "hello there my friend"}
-    assert len(h.of(TurnEnded)) == 1
-
-
 class LaggingRecognizer(VoicedWordsRecognizer):
     """As VoicedWordsRecognizer, but a partial returns only after `lag_frames` more frames were pushed: the
     words it heard are those at its start, as a real pass decodes the audio it was given."""
