@@ -73,6 +73,7 @@ bench: setup
 	$(PY) -m bench.asr_streaming
 	$(PY) -m bench.turn_taking
 	$(PY) -m bench.turn_taking --noise-dbfs -50 --out bench/results/$$(date +%F)-cpu-turn-taking-noise.md
+	$(PY) -m bench.moonshine_pause_read
 	$(PY) -m bench.turn_taking.real
 	$(PY) -m bench.turn_taking.text_scores
 	$(PY) -m bench.asr_real --out bench/results/$$(date +%F)-cpu-asr-real.md
