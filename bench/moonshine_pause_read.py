@@ -6,7 +6,8 @@ has what a pause partial read with its quiet made up to 300 ms did to turn-takin
 
     python -m bench.moonshine_pause_read [--quiet-ms 40,80,130,250,500,1000]
 
-Per class and length: the mean word error rate against the words said, and how many reads are exact.
+Per class and length: the mean word error rate against the words said, and how many reads are exact
+(a length past a clip's pause is left out for it: the read would hear the words after).
 The last line is one JSON object.
 """
 
@@ -42,12 +43,17 @@ def words_of(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9']+", text.lower().replace("-", " ")))
 
 
-def said_and_end(clip: Clip, text: str) -> tuple[str, np.ndarray, int]:
+def said_and_end(clip: Clip, text: str) -> tuple[str, np.ndarray, int, float]:
     """The words said before the clip's first pause (all of a finished question's; `text`, the clip's
-    text with its "|" marks), its audio as float32, and the sample where those words end."""
+    text with its "|" marks), its audio as float32, the sample where those words end, and how many ms of
+    quiet follow them (a pause's 500-1000; the clip's trailing silence)."""
     audio = clip.audio().astype(np.float32) / 32768.0
-    end_s = clip.pauses[0][0] if clip.kind == "pause" and clip.pauses else clip.speech_end_s
-    return words_of(text.split("|")[0]), audio, int(end_s * SAMPLE_RATE)
+    if clip.kind == "pause" and clip.pauses:
+        start_s, end_s = clip.pauses[0]
+        quiet_ms = 1000 * (end_s - start_s)
+    else:
+        start_s, quiet_ms = clip.speech_end_s, 1000 * (audio.size / SAMPLE_RATE - clip.speech_end_s)
+    return words_of(text.split("|")[0]), audio, int(start_s * SAMPLE_RATE), quiet_ms
 
 
 def marked_text(clip: Clip) -> str:
@@ -68,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     model = load_moonshine()
     errors: dict[str, list[float]] = {}  # "class quiet" -> word error rates
     for n, clip in enumerate(clips, 1):
-        said, audio, end = said_and_end(clip, marked_text(clip))
-        for ms in lengths:
+        said, audio, end, quiet_ms = said_and_end(clip, marked_text(clip))
+        for ms in (ms for ms in lengths if ms <= quiet_ms):  # not into the words after the pause
             heard = audio[: end + int(ms * SAMPLE_RATE / 1000)]
             errors.setdefault(f"{clip.kind} {ms:g}", []).append(word_error_rate(said, read(model, heard)))
         print(f"[{n}/{len(clips)}] {clip.name}", file=sys.stderr, flush=True)
