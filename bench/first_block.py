@@ -1,8 +1,11 @@
 """What a voice reply's first committed block costs in the engine alone, and why: the voice bench's questions
 (bench/voice_questions.txt) under the voice agent's system prompt, their words fed ahead word by word as the
-session does while the user speaks (`Conversation.prefill`, the draft and on a CPU the target), then the
-reply generated as `LocalLLM` asks for it (`plain_tokens`), timed to its first block and to the first
-phrase the voice agent's chunker gives out (what TTS starts on).
+session does while the user speaks (`Conversation.prefill`, the draft and on a CPU the target), the pause
+partial's end-of-turn score of the whole words, then the reply generated as `LocalLLM` asks for it
+(`plain_tokens`), timed to its first block and to the first phrase the voice agent's chunker gives out
+(what TTS starts on). Two arms alternate per question: the score apart from the reply ("apart"), and the
+score's forward carrying the reply's prompt ("carried", what the session asks: the reply then starts from
+that forward's last row, engine/turn_end.py); `pause_to_block_ms` is the score and the first block.
 
     python -m bench.first_block [--limit 16] [--repeat 2]
 
@@ -31,10 +34,12 @@ from engine.turn_end import turn_marks, user_words
 from voiceagent.bench import DEFAULT_QUESTIONS
 from voiceagent.chunker import PhraseChunker
 from voiceagent.config import Settings
-from voiceagent.llm import FIRST_PHRASE_TOKENS, load_local_engine
+from voiceagent.llm import END_MARKS, FIRST_PHRASE_TOKENS, load_local_engine
 from voiceagent.session_options import SPEECH_SYSTEM_PROMPT
 
 SYSTEM = [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}]
+SCORE_MODEL = Settings().turn_score_model  # whose cache scores the pause partial in a voice session
+ARMS = (False, True)  # the pause partial's score apart from the reply, and carrying the reply's prompt
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,8 +63,9 @@ def forward_ms(engine: Engine, cached: list[int], n_ids: int, repeat: int) -> fl
     return statistics.median(times[1:]) * 1e3
 
 
-def first_block(engine: Engine, base: Any, question: str) -> dict[str, Any]:
-    """One question: its words fed ahead, then the reply's first block (times in ms)."""
+def first_block(engine: Engine, base: Any, question: str, carried: bool) -> dict[str, Any]:
+    """One question: its words fed ahead, the pause partial's end-of-turn score (`carried`: its forward
+    carrying the reply's prompt, as the session asks), then the reply's first block (times in ms)."""
     tokenizer = engine.tokenizer
     end_of_turn = turn_marks(tokenizer).end_of_turn_id
     conversation = base.fork()
@@ -68,6 +74,12 @@ def first_block(engine: Engine, base: Any, question: str) -> dict[str, Any]:
         said = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": " ".join(words[:n])}])
         conversation.prefill(user_words(said, end_of_turn), draft_only=True)
     prompt = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": question}])
+    heard = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": question.rstrip(END_MARKS)}])
+    scored = time.perf_counter()
+    conversation.end_of_turn_probability(
+        user_words(heard, end_of_turn), model=SCORE_MODEL, reply_prompt=prompt if carried else None
+    )
+    score_ms = (time.perf_counter() - scored) * 1e3
     cached = conversation.target.valid
     started = time.perf_counter()
     blocks = conversation.generate(
@@ -82,6 +94,9 @@ def first_block(engine: Engine, base: Any, question: str) -> dict[str, Any]:
     blocks.close()
     return {
         "question": question,
+        "carried": carried,
+        "score_ms": round(score_ms, 1),
+        "pause_to_block_ms": round(score_ms + total_ms, 1),
         "prompt_ids": len(prompt),
         "tail_ids": len(prompt) - cached,  # fed with the first verify (the last one is its first row)
         "first_block_ms": round(total_ms, 1),
@@ -103,30 +118,42 @@ def main(argv: list[str] | None = None) -> int:
     warm = chat_prompt(tokenizer, [*SYSTEM, {"role": "user", "content": "Hi"}])
     base.prefill(user_words(warm, turn_marks(tokenizer).end_of_turn_id))  # the system prompt, warmed
     questions = DEFAULT_QUESTIONS.read_text().splitlines()[: args.limit]
-    first_block(engine, base, questions[0])  # untimed: first calls allocate
+    first_block(engine, base, questions[0], carried=True)  # untimed: first calls allocate
     rows = []
     for question in questions:
-        runs = [first_block(engine, base, question) for _ in range(args.repeat)]
-        row = min(runs, key=lambda r: r["first_block_ms"])
-        row["first_block_ms"] = statistics.median(r["first_block_ms"] for r in runs)
-        row["first_phrase_ms"] = statistics.median(r["first_phrase_ms"] for r in runs)
-        rows.append(row)
-        print(
-            f"{row['first_block_ms']:6.0f} ms (draft {row['draft_ms']:5.0f}, verify {row['verify_ms']:5.0f}; "
-            f"{row['tail_ids']} ids to feed, {row['n_drafted']} drafted); first phrase "
-            f"{row['first_phrase_ms']:5.0f} ms {row['first_phrase']!r}; {question}",
-            flush=True,
-        )
+        runs = [first_block(engine, base, question, carried) for _ in range(args.repeat) for carried in ARMS]
+        for carried in ARMS:  # the two arms alternate, so a shared machine's drift hits both alike
+            mine = [r for r in runs if r["carried"] == carried]
+            row = min(mine, key=lambda r: r["first_block_ms"])
+            for key in ("score_ms", "first_block_ms", "pause_to_block_ms", "first_phrase_ms"):
+                row[key] = statistics.median(r[key] for r in mine)
+            rows.append(row)
+            print(
+                f"{'carried' if carried else 'apart  '} score {row['score_ms']:5.1f} + first block "
+                f"{row['first_block_ms']:6.1f} ms (draft {row['draft_ms']:5.1f}, "
+                f"verify {row['verify_ms']:5.1f}; "
+                f"{row['tail_ids']} ids to feed, {row['n_drafted']} drafted); first phrase "
+                f"{row['first_phrase_ms']:5.0f} ms {row['first_phrase']!r}; {question}",
+                flush=True,
+            )
     cached = rows[0]["prompt_ids"] - rows[0]["tail_ids"]
     tails = sorted({r["tail_ids"] + r["n_drafted"] for r in rows})
     forwards = {n: round(forward_ms(engine, list(range(2000, 2000 + cached)), n, args.repeat + 2), 1)
                 for n in sorted({1, *tails})}  # fmt: skip
     for n, ms in forwards.items():
         print(f"target forward of {n:2d} ids after {cached}: {ms:6.1f} ms", flush=True)
+    by_arm = {
+        "carried" if carried else "apart": {
+            f"{key}_p50": statistics.median(r[key] for r in rows if r["carried"] == carried)
+            for key in ("score_ms", "first_block_ms", "pause_to_block_ms", "first_phrase_ms")
+        }
+        for carried in ARMS
+    }
+    for arm, figures in by_arm.items():
+        print(f"{arm}: " + ", ".join(f"{key} {value:.1f}" for key, value in figures.items()), flush=True)
     summary = {
         "cpu": cpu_description(),
-        "first_block_ms_p50": statistics.median(r["first_block_ms"] for r in rows),
-        "first_phrase_ms_p50": statistics.median(r["first_phrase_ms"] for r in rows),
+        **by_arm,
         "tail_ids_p50": statistics.median(r["tail_ids"] for r in rows),
         "forward_ms_by_ids": forwards,
         "questions": rows,

@@ -106,9 +106,12 @@ class SpeculationStats:
         *,
         catch_up_s: float = 0.0,
         n_caught_up: int = 0,
+        n_draft_forwards: int | None = None,
     ) -> float | None:
         """One block: `n_rows` ids verified in `verify_s` (default n_drafted + 1: one pending id), after
         the draft caught up on `n_caught_up` committed ids in `catch_up_s` (not part of `draft_s`).
+        `n_draft_forwards`: the draft forwards `draft_s` paid for (default n_drafted; one fewer where the
+        first drafted token came from a turn score's forward, `ModelState.next_logits`).
 
         Returns what a drafting block cost per committed token, at the table's pace (None for a plain
         block, and for a first block, whose verify also prefilled the prompt's tail)."""
@@ -126,7 +129,9 @@ class SpeculationStats:
         if n_drafted:
             if rows - n_drafted <= 2:  # not a first block, whose verify also prefilled the prompt's tail
                 drafted_token_s = (draft_s + verify_s) / (n_accepted + 1) / self.pace
-            self.draft_step.add(draft_s / n_drafted / self.pace)
+            forwards = n_drafted if n_draft_forwards is None else n_draft_forwards
+            if forwards:
+                self.draft_step.add(draft_s / forwards / self.pace)
             self.acceptance.add(block_acceptance(n_drafted, n_accepted))
         self.verify.setdefault(rows, RunningMean()).add(verify_s / self.pace)
         return drafted_token_s
@@ -244,12 +249,20 @@ class DraftLength:
         *,
         catch_up_s: float = 0.0,
         n_caught_up: int = 0,
+        n_draft_forwards: int | None = None,
     ) -> None:
         """A block of this generation: into the shared stats (`SpeculationStats.record`), and its cost per
         committed token into this generation's check."""
         probe = self.stats.probing
         cost = self.stats.record(
-            n_drafted, n_accepted, draft_s, verify_s, n_rows, catch_up_s=catch_up_s, n_caught_up=n_caught_up
+            n_drafted,
+            n_accepted,
+            draft_s,
+            verify_s,
+            n_rows,
+            catch_up_s=catch_up_s,
+            n_caught_up=n_caught_up,
+            n_draft_forwards=n_draft_forwards,
         )
         if n_drafted:
             self.acceptance.add(block_acceptance(n_drafted, n_accepted))

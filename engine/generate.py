@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
+from torch import Tensor
 
 from engine import turn_end
 from engine.adaptive import DraftLength, SpeculationStats
@@ -93,6 +94,7 @@ class Conversation:
         del self.tokens[n_tokens:]
         for state in self.states:
             state.valid = min(state.valid, n_tokens)
+            state.next_logits = None
 
     @on_engine_thread
     def fork(self) -> Conversation:
@@ -193,6 +195,7 @@ class Conversation:
         after_mark_power: float = turn_end.AFTER_MARK_POWER,
         model: turn_end.ScoreModel = "draft",
         learned: bool = False,
+        reply_prompt: Sequence[int] | None = None,
     ) -> float | None:
         """P(the user's message is complete) after `prompt_ids`: the chat prompt up to and including the
         user's words so far, cut before the id that would close their message (engine/turn_end.py).
@@ -205,10 +208,16 @@ class Conversation:
         `after_mark_power`: how much what follows a punctuation mark counts (turn_end's docstring).
         `learned`: the scoring model's trained end-of-turn head (engine/turn_head.py; `Engine.turn_heads`)
         gives the score where it has one; False (the default): the model's own score.
+        `reply_prompt`: the prompt of the reply that will be asked for next (these words, their marks and
+        the assistant's header). Where the scoring model's forwards are eager (a CPU), the score's forward
+        carries it too, and a generation of exactly that prompt starts from that forward's last row: the
+        draft's first drafted token (or the target's first token) without a forward of its own
+        (turn_end's docstring).
         """
         if model not in turn_end.SCORE_MODELS:
             raise ValueError(f"the end-of-turn model is one of {turn_end.SCORE_MODELS}, got {model!r}")
         words = self.engine.check_prompt(prompt_ids, self.max_seq_len)
+        reply = None if reply_prompt is None else self.engine.check_prompt(reply_prompt, self.max_seq_len)
         marks = turn_end.turn_marks(self.engine.tokenizer)
         on_target = model == "target" or (model == "auto" and self.feeds_target_ahead())
         if not self._lock.acquire(blocking=False):
@@ -217,7 +226,7 @@ class Conversation:
             scorer = "target" if on_target or self.draft is None else "draft"
             head = self.engine.turn_heads.get(scorer) if learned else None
             return turn_end.end_of_turn_probability(
-                self, words, marks, after_mark_power, on_target=on_target, head=head
+                self, words, marks, after_mark_power, on_target=on_target, head=head, reply=reply
             )
         finally:
             self._lock.release()
@@ -230,11 +239,22 @@ class Conversation:
     def reuse_prefix(self, prompt: list[int]) -> int:
         """Makes `prompt` the committed ids, keeping cached keys of the shared prefix; returns its length."""
         shared = shared_prefix_length(self.tokens, prompt)
+        same = shared == len(self.tokens) == len(prompt)
         self.tokens = list(prompt)
         for state in self.states:
-            # The last prompt id is always fed again: its logits start the first block.
-            state.valid = min(state.valid, shared, len(prompt) - 1)
+            # The last prompt id is fed again (its logits start the first block) unless they are held.
+            held = same and state.next_logits is not None and state.valid == len(prompt)
+            if not held:
+                state.next_logits = None
+            state.valid = min(state.valid, shared, len(prompt) if held else len(prompt) - 1)
         return self.target.valid
+
+    def hold_next_logits(self, state: ModelState, prompt: list[int], logits: Tensor) -> None:
+        """Makes `prompt` the committed ids, with `state` fed all of them and `logits` ([1, V]) its logits
+        after the last (`ModelState.next_logits`): a generation of `prompt` starts from them."""
+        self.tokens = list(prompt)
+        state.valid = len(prompt)
+        state.next_logits = logits
 
 
 NGRAM_STEP_S = 1e-5  # what a prompt-lookup proposal costs, for the adaptive length (no forward)

@@ -58,6 +58,7 @@ class Generation:
         self.text = TextStream(self.engine.tokenizer, params.stop)
         self._catch_up_s = 0.0  # this block's draft catch-up on committed ids (not drafting)
         self._caught_up = 0  # ... and how many ids it fed
+        self._held_draft = 0  # 1 if its first drafted token came from held logits (no draft forward)
         self.generator = torch.Generator(device=self.engine.target.device)
         if params.seed is None:
             self.generator.seed()
@@ -163,6 +164,9 @@ class Generation:
         cost): the costs, which the adaptive draft length learns, leave out the time forwards were held
         (`Engine.pause_between_layers`); the block's own figures are wall time."""
         draft_s, drafting_s, verify_s, verifying_s = seconds
+        if n_rows == 0:  # its token came from held logits: no forward to learn a cost from
+            self.stats.record_block(gamma, n_accepted, n_committed, draft_s, verify_s)
+            return
         if self._from_proposal:  # not the draft's work: only the verify's cost by rows is learnt
             assert self.proposal is not None
             self.proposal.follow(self.conv.tokens[len(self.prompt) :])
@@ -179,6 +183,7 @@ class Generation:
             n_rows,
             catch_up_s=self._catch_up_s,
             n_caught_up=self._caught_up,
+            n_draft_forwards=gamma - self._held_draft,
         )
 
     def _propose(self, limit: int) -> tuple[Tensor, Tensor | None]:
@@ -188,7 +193,7 @@ class Generation:
         Returns the drafted ids [G] and, when sampling, their probabilities q [G, V].
         """
         device = self.engine.target.device
-        self._catch_up_s, self._caught_up = 0.0, 0
+        self._catch_up_s, self._caught_up, self._held_draft = 0.0, 0, 0
         self._from_proposal = False
         if self.proposal is not None:
             n_pending = len(self.conv.tokens) - self.conv.target.valid
@@ -214,6 +219,8 @@ class Generation:
             tokens = self.conv.tokens
             if drafted:
                 logits = draft.feed(drafted[-1], len(tokens) + len(drafted) - 1, "last")
+            elif draft.valid == len(tokens):  # a forward that ended at the committed ids left their logits
+                logits, self._held_draft = draft.take_next_logits(), 1
             else:  # catch up on committed ids the draft has not seen (1, or 2 after a fully accepted block;
                 # the prompt's tail in a generation's first block; more after plain blocks, which do not run
                 # the draft)
@@ -273,21 +280,32 @@ class Generation:
         return drafted, q
 
     def _verify(self, draft_tokens: Tensor, draft_probs: Tensor | None) -> Verdict:
-        target = self.conv.target
-        tokens = self.conv.tokens
-        pending = torch.tensor(tokens[target.valid :], dtype=torch.long, device=draft_tokens.device)
-        n_logits = draft_tokens.shape[0] + 1
-        # Usually one pending id (two after a fully accepted block); the prompt's tail on the first block.
-        mode: LogitsMode | int = "all" if pending.shape[0] <= 2 else n_logits
-        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, mode)
-        assert logits is not None
-        logits = logits[-n_logits:]  # [G+1, V]
+        logits = self._target_logits(draft_tokens)  # [G+1, V]
         if self.params.greedy:
             return verify_greedy(draft_tokens, logits)
         p = warp_probs(logits, self.params)
         if draft_probs is None:
             return Verdict(0, int(sample(p, self.generator).item()))
         return verify_sampled(draft_tokens, draft_probs, p, self.generator)
+
+    def _target_logits(self, draft_tokens: Tensor) -> Tensor:
+        """The target's logits after the committed ids and after each drafted one: [G+1, V]."""
+        target = self.conv.target
+        tokens = self.conv.tokens
+        if target.valid == len(tokens):  # a forward that ended at the committed ids left their logits
+            held = target.take_next_logits()  # [1, V]
+            if draft_tokens.shape[0] == 0:
+                return held
+            later = target.feed(draft_tokens, target.valid, "all")
+            assert later is not None
+            return torch.cat([held.to(later.dtype), later])
+        pending = torch.tensor(tokens[target.valid :], dtype=torch.long, device=draft_tokens.device)
+        n_logits = draft_tokens.shape[0] + 1
+        # Usually one pending id (two after a fully accepted block); the prompt's tail on the first block.
+        mode: LogitsMode | int = "all" if pending.shape[0] <= 2 else n_logits
+        logits = target.feed(torch.cat([pending, draft_tokens]), target.valid, mode)
+        assert logits is not None
+        return logits[-n_logits:]
 
     def _commit(self, committed: list[int], verdict: Verdict, gamma: int) -> None:
         n_before = len(self.conv.tokens)

@@ -45,6 +45,10 @@ class ModelState:
     cache: KVCache | GgmlCache
     valid: int = 0
     static: StaticForwards | None = None  # decode-sized forwards with fixed shapes (CUDA graphs)
+    # [1, V]: the logits after this model's `valid` ids, left by a forward that ended at the conversation's
+    # committed ids (a turn score that fed the reply's prompt, engine/turn_end.py): the next generation of
+    # exactly those ids starts from them instead of feeding the last id again. Any feed drops them.
+    next_logits: Tensor | None = None
 
     @on_engine_thread
     @torch.inference_mode()
@@ -54,6 +58,7 @@ class ModelState:
         `tokens` may already be a device tensor (drafted ids), which avoids a host round trip. With static
         forwards the logits may be a reused buffer: consume them before the next `feed`.
         """
+        self.next_logits = None
         device = self.model.device
         ids = tokens if isinstance(tokens, Tensor) else torch.tensor(tokens, dtype=torch.long, device=device)
         n_tokens = ids.shape[0]
@@ -61,6 +66,13 @@ class ModelState:
             return self.static(ids, start, logits)
         positions = torch.arange(start, start + n_tokens, device=device)
         return self.model(ids, positions, self.cache, start + n_tokens, logits=logits)
+
+    def take_next_logits(self) -> Tensor:
+        """The held logits (`next_logits`), once; the caller has checked `valid` reaches the committed ids."""
+        logits, self.next_logits = self.next_logits, None
+        if logits is None:
+            raise RuntimeError("no logits are held after the committed ids: feed the last one again")
+        return logits
 
     @classmethod
     @on_engine_thread  # the caches' memory is first touched by the thread that will compute on it

@@ -91,9 +91,12 @@ class ScoredEndpointing:
         heard_until_ns: int,
         audio: np.ndarray | None = None,
         confidence: float | None = None,
+        *,
+        reply_next: bool = False,
     ) -> None:
         """Scores a partial (the history and the words it heard, up to `heard_until_ns` of audio; `audio`,
-        that audio, for the audio scorer; `confidence`, the recogniser's least token probability in it)."""
+        that audio, for the audio scorer; `confidence`, the recogniser's least token probability in it;
+        `reply_next`: a reply to `messages` is started next, whose start the score may compute)."""
         if self.scorer is None or self.wait is None:
             return
         if not messages[-1]["content"].strip():  # it heard every word said, and there was none
@@ -108,7 +111,7 @@ class ScoredEndpointing:
         if words == self._scored_words and self._score is not None:
             score: float | None = self._score  # the same words heard again, further on: the same score
         else:
-            score = await self.scorer.end_of_turn_probability(messages)
+            score = await self.scorer.end_of_turn_probability(messages, reply_next=reply_next)
         if score is not None:
             self._scored_words, self._score = words, score
         text = messages[-1]["content"]

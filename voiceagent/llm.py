@@ -242,13 +242,16 @@ class LocalLLM:
         return bool(await asyncio.shield(job))
 
     async def end_of_turn_probability(
-        self, messages: Sequence[Message], *, learned: bool | None = None
+        self, messages: Sequence[Message], *, learned: bool | None = None, reply_next: bool = False
     ) -> float | None:
         """P(the user's turn is complete): `messages` end with the user's words so far (a partial; its final
         marks are dropped, engine/turn_end.py says why). None while a reply is being written or if scoring
         fails: the caller then keeps its silence rule; a cancelled reply or a prefill is waited for. The
         words stay cached, a head start for the reply. `learned`: the trained head's score or the raw one
-        (None: `turn_head`)."""
+        (None: `turn_head`). `reply_next`: a reply to `messages` is asked for next (a preemptive one):
+        where the target scores, its forward carries that reply's prompt and gives its first token
+        (`Conversation.end_of_turn_probability`'s `reply_prompt`; the prompt as fitted with room for one
+        id: a history trimmed otherwise for the reply's room only loses the head start)."""
         *history, user = messages
         words = {**user, "content": user["content"].rstrip(END_MARKS)}
         if not words["content"]:
@@ -261,9 +264,10 @@ class LocalLLM:
         learned = self.turn_head if learned is None else learned
         try:
             prompt = self._user_words(self._fitting_prompt([*history, words], room=1))
+            reply = self._fitting_prompt(messages, room=1) if reply_next else None
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
             return None
-        job = asyncio.wrap_future(_engine_thread().submit(self._score_turn, prompt, learned))
+        job = asyncio.wrap_future(_engine_thread().submit(self._score_turn, prompt, learned, reply))
         self._running = job
         return await asyncio.shield(job)
 
@@ -273,12 +277,13 @@ class LocalLLM:
 
         return user_words(prompt, turn_marks(self.engine.tokenizer).end_of_turn_id)
 
-    def _score_turn(self, prompt: list[int], learned: bool) -> float | None:
-        """On the engine thread: the score of the user's words `prompt` (None if scoring fails)."""
+    def _score_turn(self, prompt: list[int], learned: bool, reply: list[int] | None) -> float | None:
+        """On the engine thread: the score of the user's words `prompt` (None if scoring fails); `reply`:
+        the prompt of the reply asked for next, if any."""
         try:
             self.lane.wait_turn()
             return self._conversation.end_of_turn_probability(
-                prompt, model=self.turn_score_model, learned=learned
+                prompt, model=self.turn_score_model, learned=learned, reply_prompt=reply
             )
         except Exception:  # noqa: BLE001 - no score: the silence rule decides
             return None

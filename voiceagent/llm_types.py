@@ -92,9 +92,13 @@ class PrefillingLLM(Protocol):
 
 @runtime_checkable
 class TurnScoringLLM(Protocol):
-    """An LLM that scores how likely the user's words so far end their turn (the in-process engine)."""
+    """An LLM that scores how likely the user's words so far end their turn (the in-process engine).
+    `reply_next`: a reply to these very messages will be asked for next, so the score may compute its
+    start too."""
 
-    async def end_of_turn_probability(self, messages: Sequence[Message]) -> float | None: ...
+    async def end_of_turn_probability(
+        self, messages: Sequence[Message], *, reply_next: bool = False
+    ) -> float | None: ...
 
 
 @runtime_checkable

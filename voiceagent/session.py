@@ -367,7 +367,10 @@ class Session:
                 await self.preemption.stop_other(turn, messages)  # the LLM is free to score new words
                 audio = heard_audio(transcript)
                 confidence = heard_confidence(transcript)
-                await self.endpointing.score(turn, messages, heard_until_ns, audio, confidence)
+                replies = self._starts_reply(pause, messages[-1]["content"])  # its start rides on the score
+                await self.endpointing.score(
+                    turn, messages, heard_until_ns, audio, confidence, reply_next=replies
+                )
             if turn == self.turn and self._utterance_open:
                 stable, text = transcript.stable, transcript.text
                 self._emit(TranscriptPartial(self.clock.now_ns(), turn, stable, text))
@@ -389,13 +392,18 @@ class Session:
         the user still speaks, its words are fed (`words_ahead`: its guess but the last word, at least the
         stable words). Not once they are quiet: the pause partial is near, and a forward then would hold
         up its decode and score."""
-        silence_ms = self.endpointer.silence_ms()
-        silent = (pause and self.partials.paused) or silence_ms >= self.options.pause_ms / 2
-        if silent and heard_ns is not None and self.options.preemptive_reply and text:
+        if heard_ns is not None and self._starts_reply(pause, text):
             self.preemption.start(turn, self._with_user(text), text, heard_ns)
-        elif not pause and silence_ms == 0.0:
+        elif not pause and self.endpointer.silence_ms() == 0.0:
             ahead = words_ahead(stable, text)
             self.preemption.prefill(turn, self._with_user(ahead), ahead)
+
+    def _starts_reply(self, pause: bool, text: str) -> bool:
+        """Whether a partial of `text` that heard every word said starts the preemptive reply now: in the
+        pause (the pause partial, or half the pause's silence heard), with replies ahead on and no held
+        reply that may resume."""
+        silent = (pause and self.partials.paused) or self.endpointer.silence_ms() >= self.options.pause_ms / 2
+        return silent and self.options.preemptive_reply and bool(text) and not self.barge_ins.replying()
 
     async def _finalize_and_respond(self, turn: int, trailing_ms: float, stood_in: bool) -> None:
         """The final transcript (`stood_in`: told to reuse the partial a running reply began on), then the

@@ -89,6 +89,19 @@ def test_a_probe_s_catch_up_is_measured_per_id_and_counted_in_its_cost() -> None
     assert stats.probe_overhead_s == pytest.approx(0.290)
 
 
+def test_a_drafted_token_that_cost_no_draft_forward_is_not_a_draft_step() -> None:
+    """A first block whose first drafted token came with a turn score's forward (`ModelState.next_logits`):
+    its draft time paid for one step fewer than it drafted, and the step's cost stays what it is."""
+    stats = SpeculationStats()
+    stats.calibrate({1: 0.040, 2: 0.060, 9: 0.300}, draft_step_s=0.010)
+    stats.record(2, 2, 0.010, 0.300, n_rows=9, n_draft_forwards=1)  # at the table's pace
+    assert stats.draft_step_s() == pytest.approx(0.010)
+    stats.record(1, 1, 0.0005, 0.300, n_rows=9, n_draft_forwards=0)  # no draft forward at all
+    assert stats.draft_step_s() == pytest.approx(0.010)
+    stats.record(2, 2, 0.010, 0.060)  # every drafted token a forward: 5 ms a step, learnt
+    assert (stats.draft_step_s() or 0) < 0.010
+
+
 def test_a_generation_s_probe_measures_its_catch_up_and_stays_exact() -> None:
     auto = tiny_engine("qwen2-bias", seed=6, init_std=0.1, draft_noise=0.15, gamma="auto")
     auto.speculation.calibrate({1: 0.040, 2: 0.060, 9: 0.300}, draft_step_s=0.010)

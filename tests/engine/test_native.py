@@ -17,7 +17,8 @@ from engine.gguf_int4 import GgufEmbedding, draft_head_ids
 from engine.load import load_engine
 from engine.model import Positions, Transformer
 from engine.options import EngineOptions
-from tests.support.bundled import DRAFT, QUESTIONS, TARGET, TINY, greedy_ids, question
+from engine.turn_end import turn_marks, user_words
+from tests.support.bundled import DRAFT, QUESTIONS, TARGET, TINY, greedy_ids, question, reply_after_a_score
 
 pytestmark = pytest.mark.bundled
 
@@ -81,6 +82,28 @@ def test_greedy_speculative_equals_plain_token_for_token(native: Engine, text: s
     plain = greedy_ids(native, prompt, 0, 40)
     assert greedy_ids(native, prompt, 4, 40) == plain
     assert greedy_ids(native, prompt, 2, 40) == plain
+
+
+@pytest.mark.parametrize("text", QUESTIONS[:2])
+def test_a_reply_begun_by_the_turn_score_s_forward_is_the_plain_reply(native: Engine, text: str) -> None:
+    """The target's end-of-turn score fed the reply's prompt in its forward (a voice reply started in the
+    pause): the reply's first token needs no forward of its own, and the reply is the plain one, token for
+    token, drafting or not; likewise after the draft's score, whose forward gives the first draft."""
+    plain = greedy_ids(native, question(native, text), 0, 24)
+    words = user_words(question(native, text.rstrip("?.!")), turn_marks(native.tokenizer).end_of_turn_id)
+    alone = native.new_conversation().end_of_turn_probability(words, model="target")
+    carrying = native.new_conversation().end_of_turn_probability(
+        words, model="target", reply_prompt=question(native, text)
+    )
+    assert carrying == alone  # the words' row, computed alone in either forward
+    ids, forwards, held = reply_after_a_score(native, text, 0, 24)
+    assert held and forwards == 0 and ids == plain
+    ids, _, held = reply_after_a_score(native, text, 4, 24)
+    assert held and ids == plain
+    # The draft's score (the voice default): its forward gives the first drafted token as well.
+    ids, draft_forwards, held = reply_after_a_score(native, text, 4, 24, model="draft")
+    assert held and ids == plain
+    assert draft_forwards == 3  # drafts 2, 3 and 4 of the first block; the first came with the score
 
 
 def test_prompt_lookup_drafts_with_the_adaptive_length_are_exact(

@@ -6,7 +6,7 @@ from engine.generate import FEED_AHEAD_GROWTH, Engine
 from engine.load import chat_prompt, load_engine
 from engine.sampling import SamplingParams
 from engine.turn_end import ScoreModel, turn_marks, user_words
-from tests.support.bundled import DRAFT, TARGET, TINY
+from tests.support.bundled import DRAFT, TARGET, TINY, greedy_ids, question, reply_after_a_score
 
 pytestmark = pytest.mark.bundled
 
@@ -81,6 +81,37 @@ def test_scoring_leaves_the_reply_unchanged_and_the_words_cached(
     assert state is not None and state.valid == len(words)  # the words stay cached
     after = [t for b in scored.generate(prompt, params) for t in b.token_ids]
     assert after == plain
+
+
+def test_a_score_carrying_the_reply_s_prompt_gives_the_same_score_and_reply(pair: Engine) -> None:
+    """On llama.cpp's kernels too: the words' score is what it is without the reply's prompt, and the
+    reply begun from the score's last row is the plain reply."""
+    text = "Why do onions make people cry?"
+    words = words_of(pair, text.rstrip("?"))
+    alone = pair.new_conversation().end_of_turn_probability(words, model="target")
+    carrying = pair.new_conversation().end_of_turn_probability(
+        words, model="target", reply_prompt=chat_prompt(pair.tokenizer, [{"role": "user", "content": text}])
+    )
+    # llama.cpp's several-row kernels round otherwise than its one-row kernel (0.008 here)
+    assert alone is not None and carrying == pytest.approx(alone, abs=0.02)
+    ids, forwards, held = reply_after_a_score(pair, text, 0, 24)
+    assert held and forwards == 0
+    assert ids == greedy_ids(pair, question(pair, text), 0, 24)
+
+
+def test_held_logits_are_dropped_when_the_user_speaks_on(pair: Engine) -> None:
+    """The score held the first logits of a reply to "Tell me a joke"; the user went on, and the reply to
+    the longer words is the plain one (its prompt's last id fed again, not the stale logits)."""
+    conversation = pair.new_conversation()
+    short = chat_prompt(pair.tokenizer, [{"role": "user", "content": "Tell me a joke"}])
+    conversation.end_of_turn_probability(words_of(pair, "Tell me a joke"), model="target", reply_prompt=short)
+    assert conversation.target.next_logits is not None
+    longer = "Tell me a joke about cats"
+    conversation.end_of_turn_probability(words_of(pair, longer), model="target")
+    assert conversation.target.next_logits is None
+    prompt = chat_prompt(pair.tokenizer, [{"role": "user", "content": longer}])
+    after = [t for b in conversation.generate(prompt, SamplingParams(max_new_tokens=16)) for t in b.token_ids]
+    assert after == greedy_ids(pair, prompt, 4, 16)
 
 
 def test_auto_scores_on_the_target_where_it_is_fed_ahead(pair: Engine) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.generate import FUSED_PREFILL, Engine, ModelState, prefill_state
 from engine.load import chat_prompt
 from engine.sampling import SamplingParams
+from engine.turn_end import ScoreModel, turn_marks, user_words
 
 TARGET, DRAFT, TINY = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"
 # Questions a voice agent hears, and one coding task; none of them was used to tune anything.
@@ -46,3 +49,34 @@ def plain_path_logits(engine: Engine, prompt: list[int], generated: list[int]) -
         logits = state.feed([token], position, "last")
     assert logits is not None
     return logits[0]
+
+
+def reply_after_a_score(
+    engine: Engine, text: str, gamma: int | str, n: int, model: ScoreModel = "target"
+) -> tuple[list[int], int, bool]:
+    """The greedy reply to the user's `text` on a conversation whose last forward was `model`'s score of the
+    words (`text` without its final mark) carrying the reply's prompt (`reply_prompt`): (its ids, that
+    model's forwards before the reply's first block, whether the score held the reply's first logits)."""
+    prompt = question(engine, text)
+    words = user_words(question(engine, text.rstrip("?.!")), turn_marks(engine.tokenizer).end_of_turn_id)
+    conversation = engine.new_conversation()
+    score = conversation.end_of_turn_probability(words, model=model, reply_prompt=prompt)
+    assert score is not None and 0.0 <= score <= 1.0
+    state = conversation.target if model == "target" else conversation.draft
+    assert state is not None
+    held = state.next_logits is not None and state.valid == len(prompt) and conversation.tokens == prompt
+    forwards = 0
+    feed = state.feed
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal forwards
+        forwards += 1
+        return feed(*args, **kwargs)
+
+    state.feed = counted  # type: ignore[method-assign]
+    blocks = conversation.generate(prompt, SamplingParams(max_new_tokens=n), gamma=gamma)
+    ids = list(next(blocks).token_ids)
+    before_first = forwards
+    ids += [t for block in blocks for t in block.token_ids]
+    assert state.next_logits is None  # taken once, or dropped by a later forward
+    return ids, before_first, held

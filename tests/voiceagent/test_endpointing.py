@@ -46,10 +46,12 @@ class ScoringLLM(FakeLLM):
         super().__init__(delay_s=0.01)
         self.complete_after = tuple(complete_after)
         self.scored: list[str] = []
+        self.replies_next: list[bool] = []  # per score: whether a reply to its words was to come next
 
-    async def end_of_turn_probability(self, messages: Any) -> float | None:
+    async def end_of_turn_probability(self, messages: Any, *, reply_next: bool = False) -> float | None:
         words = messages[-1]["content"]
         self.scored.append(words)
+        self.replies_next.append(reply_next)
         return 0.9 if words.rstrip(" .?!").endswith(self.complete_after) else 0.0001
 
 
@@ -80,6 +82,20 @@ def test_complete_words_end_the_turn_after_a_short_silence() -> None:
     # Silero's silence (they are budgets for a partial's score and guesses at a pause).
     waits = set(h.session.endpointer.waits)
     assert (120, True) in waits and {quiet for ms, quiet in waits if ms > 120} == {False}
+
+
+def test_the_score_in_the_pause_is_told_the_reply_comes_next() -> None:
+    """The pause partial's score is asked with `reply_next` (the engine's forward then carries the reply's
+    prompt and gives its first token), and that reply starts on the very words scored; the scores of
+    partials heard while the user speaks are not."""
+    llm = ScoringLLM(complete_after=("now",))
+    options = SessionOptions(turn_taking=TURN_TAKING)
+    recognizer = VoicedWordsRecognizer("what time is it now")  # the last word after the last regular partial
+    h = run(ask(55), llm=llm, recognizer=recognizer, options=options)
+    starts = [r["text"] for r in h.trace.records if r["event"] == "llm.preemptive_start"]
+    told = [words for words, next_ in zip(llm.scored, llm.replies_next, strict=True) if next_]
+    assert told and starts and told == starts == ["what time is it now"], (llm.scored, llm.replies_next)
+    assert not all(llm.replies_next), "a partial heard while the user spoke was scored as if a reply came"
 
 
 def test_a_sentence_paused_mid_way_is_heard_as_one_turn() -> None:
@@ -228,8 +244,9 @@ class FixedTurnAudio:
 class DoubtfulLLM(ScoringLLM):
     """Finds "how far away is the moon" unlikely to be finished (0.05), as the draft model does."""
 
-    async def end_of_turn_probability(self, messages: Any) -> float | None:
+    async def end_of_turn_probability(self, messages: Any, *, reply_next: bool = False) -> float | None:
         self.scored.append(messages[-1]["content"])
+        self.replies_next.append(reply_next)
         return 0.05
 
 
