@@ -60,6 +60,7 @@ bench: setup
 	$(PY) -m bench.first_phrase
 	$(PY) -m bench.first_block
 	$(PY) -m bench.cpu_lane
+	$(PY) -m bench.loop_lag
 	$(PY) -m engine.bench.ggml_rows
 	$(PY) -m engine.bench.native_rows
 	$(PY) -m engine.bench.cpu_backends --limit 8 --max-new-tokens 64

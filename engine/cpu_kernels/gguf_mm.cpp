@@ -334,20 +334,21 @@ torch::Tensor row_attention(const torch::Tensor& q, const torch::Tensor& k_cache
 void register_layer(py::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quantize_rows", &quantize_rows, "x [M, K] -> (xq int8, xs per 256, sums per 16)");
+  const auto unlocked = py::call_guard<py::gil_scoped_release>();  // tensors only: Python's lock is let go
+  m.def("quantize_rows", &quantize_rows, "x [M, K] -> (xq int8, xs per 256, sums per 16)", unlocked);
   m.def("matmul", &matmul, "quantised rows times packed Q4_K / Q6_K blocks -> [M, N] float32",
         py::arg("xq"), py::arg("xs"), py::arg("xsum"), py::arg("blocks"), py::arg("n"), py::arg("q6"),
-        py::arg("simd") = true);
+        py::arg("simd") = true, unlocked);
   m.def("linear", &linear, "x [M, K] float -> [M, N] float32", py::arg("x"), py::arg("blocks"), py::arg("n"),
-        py::arg("q6"));
+        py::arg("q6"), unlocked);
   m.def("row_attention", &row_attention, "q [T, H, D], caches [KVH, S, D] -> [T, H, D], row by row",
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"), py::arg("window"));
-  m.def("quantize_rows32", &quantize_rows32, "x [M, K] -> (xq int8, xs per 32, sums per 32)");
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"), py::arg("window"), unlocked);
+  m.def("quantize_rows32", &quantize_rows32, "x [M, K] -> (xq int8, xs per 32, sums per 32)", unlocked);
   m.def("matmul32", &matmul32, "rows quantised per 32 times packed Q4_0 / Q8_0 blocks -> [M, N] float32",
         py::arg("xq"), py::arg("xs"), py::arg("xsum"), py::arg("blocks"), py::arg("n"), py::arg("bytes"),
-        py::arg("simd") = true);
+        py::arg("simd") = true, unlocked);
   m.def("linear32", &linear32, "x [M, K] float -> [M, N] float32 (Q4_0 / Q8_0)", py::arg("x"),
-        py::arg("blocks"), py::arg("n"), py::arg("bytes"));
+        py::arg("blocks"), py::arg("n"), py::arg("bytes"), unlocked);
   m.def("isa", &cpu_kernels::isa_name, "the vector instructions this build uses");
   register_layer(m);
 }

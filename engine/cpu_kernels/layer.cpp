@@ -195,13 +195,17 @@ class NativeLayer {
 
 }  // namespace
 
+// The calls compute on tensors alone, so they let go of Python's lock: the process's other threads (the
+// event loop, the recogniser's and the voice's Python code) run beside a forward instead of waiting for
+// each layer's call to return.
 void register_layer(py::module& m) {
+  const auto unlocked = py::call_guard<py::gil_scoped_release>();
   py::class_<Projection>(m, "Projection")
       .def(py::init<const std::vector<std::tuple<torch::Tensor, int64_t, std::string>>&,
                     const c10::optional<torch::Tensor>&>(),
            "packed matrices [(blocks, n, type name)] side by side, and an optional bias [N]", py::arg("parts"),
            py::arg("bias") = py::none())
-      .def("__call__", &Projection::operator(), "x [T, K] float32 -> [T, N] float32", py::arg("x"));
+      .def("__call__", &Projection::operator(), "x [T, K] float32 -> [T, N] float32", py::arg("x"), unlocked);
   py::class_<NativeLayer>(m, "NativeLayer")
       .def(py::init<torch::Tensor, Projection, Projection, torch::Tensor, Projection, Projection, int64_t, int64_t,
                     int64_t, int64_t, double>(),
@@ -210,5 +214,5 @@ void register_layer(py::module& m) {
            py::arg("eps"))
       .def("forward", &NativeLayer::forward, "x [T, dim], cos/sin [T, D], positions [T], caches [KVH, S, D]",
            py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("positions"), py::arg("k_cache"),
-           py::arg("v_cache"));
+           py::arg("v_cache"), unlocked);
 }

@@ -10,6 +10,8 @@ other rows of its call (what makes a verify of gamma + 1 ids agree with decoding
 from __future__ import annotations
 
 import platform
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -281,3 +283,29 @@ def test_the_environment_picks_an_older_cpus_build(monkeypatch: pytest.MonkeyPat
         gguf_mm()
     with_environment(None)
     assert gguf_mm().isa() == gguf_mm("native").isa()
+
+
+def test_a_kernel_call_lets_other_threads_run_python() -> None:
+    """A product lets go of Python's lock while it computes: a voice session's event loop and recogniser
+    run beside the engine's forwards instead of waiting for each call to return."""
+    n, k, rows = 2048, 4096, 64  # ~0.1-0.3 s on the scalar path of 2 cores
+    packed = pack_q4k(random_q4k(n, k, seed=5), n, k)
+    blocks = torch.from_numpy(packed.blocks)
+    rounded = quantized(
+        gguf_mm(), torch.randn(rows, k, generator=torch.Generator().manual_seed(5)), GGMLQuantizationType.Q4_K
+    )
+    started = time.perf_counter()
+    product(gguf_mm(), rounded, blocks, n, GGMLQuantizationType.Q4_K, simd=False)  # the scalar path: slow
+    call_s = time.perf_counter() - started
+    worker = threading.Thread(
+        target=product, args=(gguf_mm(), rounded, blocks, n, GGMLQuantizationType.Q4_K, False)
+    )
+    gaps, last = [], time.perf_counter()
+    worker.start()
+    while worker.is_alive():
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    assert call_s > 0.05, f"the call took {call_s:.3f} s: too short to tell"
+    assert max(gaps) < 0.5 * call_s, (max(gaps), call_s)
