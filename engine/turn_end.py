@@ -66,14 +66,7 @@ from engine.turn_head import TurnHead, raw_score
 if TYPE_CHECKING:
     from engine.generate import Conversation
 
-__all__ = [
-    "SCORE_MODELS",
-    "ScoreModel",
-    "TurnMarks",
-    "end_of_turn_probability",
-    "turn_marks",
-    "user_words",
-]
+__all__ = ["SCORE_MODELS", "ScoreModel", "TurnMarks", "end_of_turn_probability", "turn_marks", "user_words"]
 
 PUNCTUATION = ("?", ".", "!")  # marks that may end a spoken message the recogniser left unpunctuated
 MARK_ENDINGS = ("", "\n", "\n\n", "\n\n\n")  # a mark's single ids: alone or with the newlines after it

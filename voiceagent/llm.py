@@ -249,9 +249,10 @@ class LocalLLM:
         fails: the caller then keeps its silence rule; a cancelled reply or a prefill is waited for. The
         words stay cached, a head start for the reply. `learned`: the trained head's score or the raw one
         (None: `turn_head`). `reply_next`: a reply to `messages` is asked for next (a preemptive one):
-        where the target scores, its forward carries that reply's prompt and gives its first token
-        (`Conversation.end_of_turn_probability`'s `reply_prompt`; the prompt as fitted with room for one
-        id: a history trimmed otherwise for the reply's room only loses the head start)."""
+        the score's forward carries that reply's prompt and gives its first drafted token (its first token
+        where the target scores; `Conversation.end_of_turn_probability`'s `reply_prompt`; the prompt as
+        fitted with room for one id: a history trimmed otherwise for the reply's room only loses the head
+        start)."""
         *history, user = messages
         words = {**user, "content": user["content"].rstrip(END_MARKS)}
         if not words["content"]:
